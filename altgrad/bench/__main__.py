@@ -1,0 +1,32 @@
+"""Dispatch `python -m altgrad.bench NAME [args]` to `altgrad.bench.NAME.main(args)`."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import sys
+
+import altgrad.bench as _pkg
+
+
+def available() -> list[str]:
+    """Names of the benchmark modules in this package."""
+    return sorted(m.name for m in pkgutil.iter_modules(_pkg.__path__) if not m.name.startswith("_"))
+
+
+def main(argv: list[str]) -> int:
+    names = available()
+    if not argv or argv[0] in {"-h", "--help"}:
+        print(f"usage: python -m altgrad.bench {{{','.join(names)},all}} [args]")
+        return 0 if argv else 2
+    todo = names if argv[0] == "all" else [argv[0]]
+    for name in todo:
+        if name not in names:
+            print(f"error: unknown benchmark {name!r}; valid: {', '.join(names)}, all", file=sys.stderr)
+            return 2
+        importlib.import_module(f"altgrad.bench.{name}").main(argv[1:])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
