@@ -1,0 +1,123 @@
+"""FakeQuantCallback: model surgery (nn.Linear → QuantLinear per the LayerMap) and the weight-storage policy.
+
+Surgery happens in ``setup``, which Lightning calls before checkpoint weights are restored, before
+``configure_optimizers`` and before any ``torch.compile`` of the backbone, so all of them see the quantized model.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from torch import nn
+
+from altgrad.quant.layer_map import LayerMap, ResolvedLayer
+from altgrad.quant.layers import iter_quant_linears, quantize_linears
+
+log = logging.getLogger(__name__)
+
+MASTER_POLICIES = ("fp32", "none")
+STORAGE_ROUNDINGS = ("nearest", "stochastic")
+
+
+def precision_table(resolved: Mapping[str, ResolvedLayer]) -> str:
+    """A fixed-width table of module → weight/input/grad formats and scaling, for the run log."""
+
+    def cell(spec: Any) -> str:
+        if spec is None:
+            return "fp32"
+        name = spec.format.name or f"e{spec.format.ebits}m{spec.format.mbits}b{spec.format.bias}"
+        return name if spec.rounding == "nearest" else f"{name}/{spec.rounding[:5]}"
+
+    rows = [("module", "weight", "input", "grad", "scaling")]
+    for name, r in resolved.items():
+        any_spec = r.weight or r.input or r.grad
+        scaling = "-" if any_spec is None else any_spec.scaling.kind + ("/pow2" if any_spec.scaling.pow2 else "")
+        rows.append((name + (" (tied)" if r.tied else ""), cell(r.weight), cell(r.input), cell(r.grad), scaling))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows)
+
+
+class FakeQuantCallback(L.Callback):
+    """Applies the layer map to ``pl_module.model`` and keeps weights on their grid when ``master='none'``."""
+
+    def __init__(
+        self,
+        format_cfg: Mapping[str, Any],
+        layer_map_cfg: Mapping[str, Any],
+        master: str = "fp32",
+        storage_rounding: str = "nearest",
+        seed: int = 0,
+        run_dir: str | os.PathLike | None = None,
+    ) -> None:
+        if master not in MASTER_POLICIES:
+            raise ValueError(f"quant.master={master!r} is not valid; valid: {', '.join(MASTER_POLICIES)}")
+        if storage_rounding not in STORAGE_ROUNDINGS:
+            raise ValueError(f"quant.storage_rounding={storage_rounding!r} is not valid; valid: "
+                             f"{', '.join(STORAGE_ROUNDINGS)}")
+        self.layer_map = LayerMap.from_config(layer_map_cfg, format_cfg)
+        self.master = master
+        self.storage_rounding = storage_rounding
+        self.seed = int(seed)
+        self.run_dir = Path(run_dir) if run_dir is not None else None
+        self.resolved: dict[str, ResolvedLayer] = {}
+
+    # -- surgery -------------------------------------------------------------------------------------------------
+    def apply(self, model: nn.Module) -> dict[str, ResolvedLayer]:
+        """Resolve and apply the layer map to a plain-PyTorch model (usable without a Trainer)."""
+        if any(True for _ in iter_quant_linears(model)):
+            return self.resolved  # already applied (e.g. setup called for another stage)
+        self.resolved = self.layer_map.resolve(model)
+        quantize_linears(model, self.resolved)
+        return self.resolved
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        first = not any(True for _ in iter_quant_linears(pl_module.model))
+        resolved = self.apply(pl_module.model)
+        if not first:
+            return
+        table = precision_table(resolved)
+        if trainer.is_global_zero:
+            log.info("resolved layer precision (master=%s, storage_rounding=%s):\n%s",
+                     self.master, self.storage_rounding, table)
+            print(f"Layer precision (master={self.master}, storage={self.storage_rounding}):\n{table}", flush=True)
+            self._save_json(trainer, resolved)
+
+    def _save_json(self, trainer: L.Trainer, resolved: Mapping[str, ResolvedLayer]) -> None:
+        run_dir = self.run_dir or Path(trainer.default_root_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        payload = {name: r.to_dict() for name, r in resolved.items()}
+        tmp = run_dir / "layer_map.json.tmp"
+        tmp.write_text(json.dumps(payload, indent=2))
+        os.replace(tmp, run_dir / "layer_map.json")
+
+    # -- weight storage policy -----------------------------------------------------------------------------------
+    @torch.no_grad()
+    def project_weights(self, model: nn.Module, step: int, rounding: str | None = None) -> None:
+        """Put every quantized, untied weight exactly on its grid (master='none').
+
+        Stochastic storage rounding draws from a seed derived from (run seed, step, layer index), so a resumed
+        run repeats the same draws.
+        """
+        rounding = rounding or self.storage_rounding
+        for index, (_, ql) in enumerate(iter_quant_linears(model)):
+            if ql.weight_q is None or ql.tied:
+                continue  # tied weights (lm_head ↔ wte) are quantized in the forward pass only
+            seed = (self.seed * 1_000_003 + step * 7919 + index) & 0x7FFFFFFF
+            ql.weight_q.project_(ql.weight, rounding, seed=seed)
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.master == "none":
+            # initial weights onto the grid; idempotent for weights already there (resume)
+            self.project_weights(pl_module.model, trainer.global_step, rounding="nearest")
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        if self.master == "none":
+            self.project_weights(pl_module.model, trainer.global_step)

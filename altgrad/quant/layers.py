@@ -1,0 +1,96 @@
+"""QuantLinear: an nn.Linear computed with fake-quantized weight and input and a quantized grad_output.
+
+The wrapper takes over the original Linear's Parameters (the same objects), so optimizers, tied weights
+(nanoGPT's ``lm_head`` ↔ ``wte``) and state-dict keys (``lm_head.weight``) are unchanged by the surgery.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from altgrad.quant.fake_quant import GradQuantizer, TensorQuantizer
+from altgrad.quant.spec import QuantSpec
+
+
+class QuantLinear(nn.Module):
+    """y = linear(q_in(x), q_w(W), b), with q_grad applied to grad_output in the backward pass."""
+
+    def __init__(
+        self,
+        linear: nn.Linear,
+        name: str,
+        weight: QuantSpec | None = None,
+        input: QuantSpec | None = None,  # noqa: A002 - the role's name
+        grad: QuantSpec | None = None,
+        tied: bool = False,
+    ) -> None:
+        super().__init__()
+        self.in_features = linear.in_features
+        self.out_features = linear.out_features
+        self.weight = linear.weight  # the same Parameter object: ties and optimizer references survive
+        self.bias = linear.bias
+        self.name = name
+        self.tied = tied  # weight shared with another module: quantize in the forward pass only, never in place
+        self.weight_q = TensorQuantizer(weight, "weight") if weight is not None else None
+        self.input_q = TensorQuantizer(input, "input") if input is not None else None
+        self.grad_q = GradQuantizer(grad) if grad is not None else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.input_q is not None:
+            x = self.input_q(x)
+        w = self.weight_q(self.weight) if self.weight_q is not None else self.weight
+        y = F.linear(x, w, self.bias)
+        if self.grad_q is not None:
+            y = self.grad_q(y)
+        return y
+
+    def quantizers(self) -> Iterator[tuple[str, nn.Module]]:
+        """(role, quantizer) for every quantized role of this layer."""
+        for role, q in (("weight", self.weight_q), ("input", self.input_q), ("grad", self.grad_q)):
+            if q is not None:
+                yield role, q
+
+    def extra_repr(self) -> str:
+        def fmt(q: nn.Module | None) -> str:
+            return "-" if q is None else (q.spec.format.name or repr(q.spec.format))
+
+        return (f"{self.in_features}, {self.out_features}, bias={self.bias is not None}, "
+                f"weight={fmt(self.weight_q)}, input={fmt(self.input_q)}, grad={fmt(self.grad_q)}"
+                + (", tied" if self.tied else ""))
+
+
+def iter_quant_linears(model: nn.Module) -> Iterator[tuple[str, QuantLinear]]:
+    """Every QuantLinear of ``model`` with its qualified name relative to ``model``."""
+    for name, module in model.named_modules():
+        if isinstance(module, QuantLinear):
+            yield name, module
+
+
+def weight_grids(model: nn.Module) -> dict[nn.Parameter, TensorQuantizer]:
+    """Parameter → the TensorQuantizer whose grid the forward pass puts it on (what ULP-aware optimizers need)."""
+    return {m.weight: m.weight_q for _, m in iter_quant_linears(model) if m.weight_q is not None}
+
+
+def quantize_linears(model: nn.Module, resolved: Mapping[str, "ResolvedLayer"]) -> dict[str, QuantLinear]:  # noqa: F821
+    """Swap each nn.Linear named in ``resolved`` for a QuantLinear with its specs (in place; returns the new ones).
+
+    Layers whose three roles are all unquantized stay plain nn.Linear, so an fp32 baseline runs the original graph.
+    """
+    swapped: dict[str, QuantLinear] = {}
+    for name, spec in resolved.items():
+        module = model.get_submodule(name)
+        if isinstance(module, QuantLinear):
+            raise ValueError(f"{name} is already a QuantLinear: the layer map was applied twice")
+        if spec.weight is None and spec.input is None and spec.grad is None:
+            continue
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        ql = QuantLinear(module, name, spec.weight, spec.input, spec.grad, tied=spec.tied)
+        ql.to(device=module.weight.device)
+        setattr(parent, child, ql)
+        swapped[name] = ql
+    return swapped
