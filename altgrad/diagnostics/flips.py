@@ -1,0 +1,103 @@
+"""Flips, stalls and oscillations of quantized weights, from grid indices before and after an optimizer step.
+
+A weight's *grid index* is the position of its quantized value in the format's sorted value list (monotone in the
+value, unlike sign-magnitude codes, and one index per value, so ±0 never count as a flip). Indices are computed on
+a fixed grid (the scale in force before the step), so a change of the tensor's scale does not count as a flip.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from altgrad.diagnostics.similarity import cosine
+
+
+def index_dtype(grid_size: int) -> torch.dtype:
+    """Smallest integer dtype that holds every grid index (uint8 for the 8-bit formats)."""
+    if grid_size <= 256:
+        return torch.uint8
+    if grid_size <= 32768:
+        return torch.int16
+    return torch.int32
+
+
+def grid_midpoints(grid: torch.Tensor) -> torch.Tensor:
+    """Decision points of round-to-nearest between consecutive grid values (len(grid) − 1 of them)."""
+    grid = grid.float()
+    return (grid[1:] + grid[:-1]) / 2
+
+
+def grid_index(x_scaled: torch.Tensor, midpoints: torch.Tensor, dtype: torch.dtype = torch.int32) -> torch.Tensor:
+    """Index of the nearest grid value for each element of x_scaled (already multiplied by its scale).
+
+    Values beyond the grid saturate to the end indices; exact midpoints round down (a measure-zero tie that
+    differs from ties-to-even only in which neighbour is reported).
+    """
+    flat = x_scaled.detach().float().reshape(-1).contiguous()
+    return torch.searchsorted(midpoints, flat).to(dtype).reshape(x_scaled.shape)
+
+
+class FlipStep(NamedTuple):
+    """Counts for one optimizer step of one tensor (0-d tensors on the input's device; no host sync)."""
+
+    flips: torch.Tensor        # weights whose grid index changed
+    updated: torch.Tensor      # weights whose intended update was nonzero
+    reversals: torch.Tensor    # flips opposite in direction to that weight's previous flip
+    descent_cos: torch.Tensor  # cosine(intended update, applied change of the quantized weight)
+
+
+def flip_step(
+    index_before: torch.Tensor,
+    index_after: torch.Tensor,
+    intended: torch.Tensor,
+    applied: torch.Tensor,
+    last_direction: torch.Tensor,
+) -> tuple[FlipStep, torch.Tensor]:
+    """Compare grid indices across one step; returns the counts and the updated last-flip direction (int8).
+
+    ``intended`` is the optimizer's change of the stored weight, ``applied`` the change of the quantized weight;
+    ``last_direction`` holds −1/0/+1 per weight: the direction of its most recent flip (0 = never flipped).
+    Stall ratio over a window is 1 − Σflips / Σupdated; oscillation (Nagel et al. 2022) is a flip whose direction
+    reverses the previous flip of the same weight.
+    """
+    direction = torch.sign(index_after.to(torch.int32) - index_before.to(torch.int32)).to(torch.int8)
+    flipped = direction != 0
+    reversed_ = flipped & (direction * last_direction < 0)
+    new_last = torch.where(flipped, direction, last_direction)
+    step = FlipStep(
+        flips=flipped.sum(),
+        updated=(intended != 0).sum(),
+        reversals=reversed_.sum(),
+        descent_cos=cosine(intended, applied),
+    )
+    return step, new_last
+
+
+def stall_ratio(flips: float, updated: float) -> float:
+    """1 − flips / updated: the share of weights the optimizer moved whose quantized value did not change.
+
+    NaN when nothing was updated (no update, nothing to stall).
+    """
+    if updated <= 0:
+        return float("nan")
+    return max(0.0, 1.0 - flips / updated)
+
+
+def ema_update(ema: torch.Tensor, value: torch.Tensor, momentum: float) -> torch.Tensor:
+    """One step of an exponential moving average with weight ``momentum`` on the new value (no host sync)."""
+    return ema * (1.0 - momentum) + value * momentum
+
+
+def ema_debiased(ema: float, momentum: float, steps: int) -> float:
+    """Bias-corrected EMA after ``steps`` updates from 0, as Adam corrects its moments; NaN before any step.
+
+    The mean over weights of Nagel et al.'s per-weight oscillation frequency equals the EMA of the per-step
+    oscillation fraction (the EMA is linear), so no per-weight float state is needed.
+    """
+    if not 0.0 < momentum <= 1.0:
+        raise ValueError(f"momentum={momentum} is not valid; valid: 0 < momentum <= 1")
+    if steps <= 0:
+        return float("nan")
+    return ema / (1.0 - (1.0 - momentum) ** steps)
