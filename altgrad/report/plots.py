@@ -1,0 +1,215 @@
+"""The report's PNG figures (matplotlib's object API with the Agg canvas: no display, no global pyplot state)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+from matplotlib import colormaps
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from altgrad.report.benefit import Benefit
+from altgrad.report.cells import Cell, describe, varying_fields
+from altgrad.report.load import Job
+from altgrad.report.order import FORMAT_ORDER, OPTIMIZER_ORDER, STORAGE_ORDER, rank
+
+
+def _save(fig: Figure, path: Path) -> Path:
+    FigureCanvasAgg(fig)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    return path
+
+
+def _grid(n: int, ncols: int = 4) -> tuple[int, int]:
+    cols = min(ncols, max(n, 1))
+    return math.ceil(n / cols), cols
+
+
+def seed_band(curves: Sequence[Sequence[tuple[int, float]]]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """steps, mean, min and max over the curves at every step any of them logged."""
+    by_step: dict[int, list[float]] = {}
+    for curve in curves:
+        for step, value in curve:
+            by_step.setdefault(step, []).append(value)
+    steps = np.array(sorted(by_step), dtype=float)
+    vals = [by_step[int(s)] for s in steps]
+    return (steps, np.array([np.mean(v) for v in vals]), np.array([min(v) for v in vals]),
+            np.array([max(v) for v in vals]))
+
+
+def plot_val_loss(cells: Sequence[Cell], path: Path, title: str = "Validation loss") -> Path | None:
+    """One panel per format: val/loss vs step per optimizer (and storage, …), mean line and min–max band over seeds."""
+    with_curves = [c for c in cells if any(j.curve for j in c.jobs)]
+    if not with_curves:
+        return None
+    formats = sorted({c["format"] for c in with_curves}, key=lambda f: rank(FORMAT_ORDER, f))
+    label_fields = [f for f in varying_fields(with_curves) if f not in ("format", "experiment")]
+    rows, cols = _grid(len(formats))
+    per_panel = max(sum(c["format"] == f for c in with_curves) for f in formats)
+    fig = Figure(figsize=(4.2 * cols, (3.0 + 0.16 * per_panel) * rows), layout="constrained")
+    for i, fmt in enumerate(formats):
+        ax = fig.add_subplot(rows, cols, i + 1)
+        tops, bottoms = [], []
+        for c in (c for c in with_curves if c["format"] == fmt):
+            curves = [j.curve for j in c.jobs if j.curve]
+            steps, mean, lo, hi = seed_band(curves)
+            line, = ax.plot(steps, mean, lw=1.4, label=f"{describe(dict(c.key), label_fields)} (n={len(curves)})")
+            if len(curves) > 1:
+                ax.fill_between(steps, lo, hi, color=line.get_color(), alpha=0.2, lw=0)
+            tops += [cv[0][1] for cv in curves]
+            bottoms.append(float(lo.min()))
+        if tops and bottoms and max(tops) > min(bottoms):
+            # a diverging run's loss explodes; the initial loss is the natural ceiling of a training curve
+            ax.set_ylim(min(bottoms) - 0.02 * (max(tops) - min(bottoms)), max(tops) * 1.05)
+        ax.set_title(fmt)
+        ax.set_xlabel("step")
+        ax.set_ylabel("val/loss")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.22), frameon=False)
+    fig.suptitle(f"{title} (line: mean over seeds, band: min–max)")
+    return _save(fig, path)
+
+
+def plot_benefit(benefits: Sequence[Benefit], path: Path) -> Path | None:
+    """Forest plot of Δ final val loss vs AdamW with paired-seed 95% CIs (green: significant gain, red: loss)."""
+    rows = [b for b in benefits if b.diff.diff.mean is not None]
+    if not rows:
+        return None
+    fig = Figure(figsize=(7, 0.35 * len(rows) + 1.4))
+    ax = fig.add_subplot(1, 1, 1)
+    for y, b in enumerate(reversed(rows)):
+        d = b.diff.diff
+        color = "tab:green" if b.improves else "tab:red" if b.worsens else "0.5"
+        ax.errorbar(d.mean, y, xerr=d.half_width if d.half_width is not None else None, fmt="o", color=color,
+                    capsize=3)
+    ax.set_yticks(range(len(rows)))
+    fields = [f for f in varying_fields([b.treatment for b in rows]) if f != "lr"]
+    ax.set_yticklabels([describe(dict(b.treatment.key), fields) for b in reversed(rows)], fontsize=7)
+    ax.axvline(0.0, color="k", lw=0.8)
+    ax.set_xlabel("Δ final val loss vs AdamW (negative = ULP-aware update helps)")
+    ax.grid(axis="x", alpha=0.3)
+    return _save(fig, path)
+
+
+def plot_diagnostics(cells: Sequence[Cell], names: Sequence[str], path: Path) -> Path | None:
+    """Heat maps, one per diagnostic: format (rows) × optimizer and storage (columns), mean over runs."""
+    if not names:
+        return None
+    formats = sorted({c["format"] for c in cells}, key=lambda f: rank(FORMAT_ORDER, f))
+    columns = sorted({(c["optimizer_label"], c["storage"]) for c in cells},
+                     key=lambda k: (rank(OPTIMIZER_ORDER, k[0]), rank(STORAGE_ORDER, k[1])))
+    rows, cols = _grid(len(names), 3)
+    fig = Figure(figsize=(max(4.0, 0.9 * len(columns) + 2.5) * cols, (0.35 * len(formats) + 2.0) * rows),
+                 layout="constrained")
+    for i, name in enumerate(names):
+        grid = np.full((len(formats), len(columns)), np.nan)
+        for r, fmt in enumerate(formats):
+            for k, col in enumerate(columns):
+                vals = [j.diagnostics[name] for c in cells if c["format"] == fmt
+                        and (c["optimizer_label"], c["storage"]) == col for j in c.jobs if name in j.diagnostics]
+                if vals:
+                    grid[r, k] = float(np.mean(vals))
+        ax = fig.add_subplot(rows, cols, i + 1)
+        image = ax.imshow(np.ma.masked_invalid(grid), aspect="auto", cmap="viridis")
+        for (r, k), v in np.ndenumerate(grid):
+            if np.isfinite(v):
+                ax.text(k, r, f"{v:.2g}", ha="center", va="center", fontsize=6, color="w",
+                        bbox={"facecolor": "k", "alpha": 0.3, "lw": 0, "pad": 1})
+        ax.set_xticks(range(len(columns)))
+        ax.set_xticklabels([f"{o}\n{s}" for o, s in columns], fontsize=6, rotation=45, ha="right")
+        ax.set_yticks(range(len(formats)))
+        ax.set_yticklabels(formats, fontsize=7)
+        ax.set_title(name, fontsize=9)
+        fig.colorbar(image, ax=ax, fraction=0.04)
+    return _save(fig, path)
+
+
+def plot_format_grids(formats: Sequence[str], path: Path) -> tuple[Path | None, str | None]:
+    """Every positive representable value of each format on a log2 axis; (None, why) when it cannot be drawn."""
+    try:
+        from altgrad.quant import get_format
+    except ImportError as exc:
+        return None, f"format value grids skipped: altgrad.quant is not importable ({exc})"
+    grids, skipped = [], []
+    for name in sorted(set(formats) - {"fp32"}, key=lambda f: rank(FORMAT_ORDER, f)):
+        try:
+            values = get_format(name).values().detach().cpu().double().numpy()
+        except (ValueError, KeyError) as exc:
+            skipped.append(f"{name} ({exc})")
+            continue
+        positive = values[values > 0]
+        if positive.size:
+            grids.append((name, np.log2(positive)))
+    note = f"formats without a known grid: {', '.join(skipped)}" if skipped else None
+    if not grids:
+        return None, note or "format value grids skipped: no quantized format in the sweep"
+    fig = Figure(figsize=(10, 0.45 * len(grids) + 1.2))
+    ax = fig.add_subplot(1, 1, 1)
+    ax.eventplot([g for _, g in grids], lineoffsets=range(len(grids)), linelengths=0.7, linewidths=0.5,
+                 colors="tab:blue")
+    for y, (name, g) in enumerate(grids):
+        ax.text(g.max() + 0.5, y, f"{g.size} values, 2^{g.min():.0f}…2^{g.max():.1f}", va="center", fontsize=6)
+    ax.set_yticks(range(len(grids)))
+    ax.set_yticklabels([n for n, _ in grids], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("log2 of each positive representable value (before scaling)")
+    ax.grid(axis="x", alpha=0.3)
+    return _save(fig, path), note
+
+
+def plot_parallel(jobs: Sequence[Job], path: Path) -> Path | None:
+    """Parallel coordinates: format, optimizer, storage, log10 lr → final val loss (diverged runs in red)."""
+    runs = [j for j in jobs if j.final_loss is not None or j.state == "diverged"]
+    if not runs:
+        return None
+    axes: list[tuple[str, list[float], dict[float, str]]] = []
+    for title, values, order in (("format", [j.format for j in runs], FORMAT_ORDER),
+                                 ("optimizer", [j.optimizer_label for j in runs], OPTIMIZER_ORDER),
+                                 ("storage", [j.storage for j in runs], STORAGE_ORDER)):
+        levels = sorted(set(values), key=lambda v: rank(order, v))
+        pos = {v: (i / (len(levels) - 1) if len(levels) > 1 else 0.5) for i, v in enumerate(levels)}
+        axes.append((title, [pos[v] for v in values], {p: v for v, p in pos.items()}))
+    if all(j.lr is not None for j in runs):
+        axes.append(_numeric_axis("log10 lr", [math.log10(j.lr) for j in runs if j.lr is not None]))
+    losses = [j.final_loss for j in runs if j.final_loss is not None]
+    lo, hi = (min(losses), max(losses)) if losses else (0.0, 1.0)
+
+    def loss_position(loss: float | None) -> float:
+        if loss is None:
+            return 1.08  # diverged runs end above the loss axis
+        return (loss - lo) / (hi - lo) if hi > lo else 0.5
+
+    ticks = {0.0: f"{lo:.4g}", 1.0: f"{hi:.4g}"} if hi > lo else {0.5: f"{lo:.4g}"} if losses else {}
+    ticks[1.08] = "diverged"
+    axes.append(("final val loss", [loss_position(j.final_loss) for j in runs], ticks))
+
+    fig = Figure(figsize=(2.2 * len(axes) + 1, 5))
+    ax = fig.add_subplot(1, 1, 1)
+    cmap = colormaps["viridis"]
+    for i, job in enumerate(runs):
+        ys = [a[1][i] for a in axes]
+        if job.final_loss is None:
+            ax.plot(range(len(axes)), ys, color="tab:red", lw=0.8, ls="--", alpha=0.7)
+        else:
+            ax.plot(range(len(axes)), ys, color=cmap(loss_position(job.final_loss)), lw=1.0, alpha=0.8)
+    for x, (title, _, labels) in enumerate(axes):
+        ax.axvline(x, color="k", lw=0.8)
+        for y, text in labels.items():
+            ax.text(x + 0.03, y, text, fontsize=6, va="center")
+    ax.set_xticks(range(len(axes)))
+    ax.set_xticklabels([a[0] for a in axes])
+    ax.set_yticks([])
+    ax.set_ylim(-0.08, 1.15)
+    ax.set_title("Configuration → final val loss (colour: loss, dark = low; red dashed: diverged)")
+    return _save(fig, path)
+
+
+def _numeric_axis(title: str, values: Sequence[float]) -> tuple[str, list[float], dict[float, str]]:
+    """Values scaled to [0, 1] with min/max tick labels (a constant axis sits at 0.5)."""
+    lo, hi = min(values), max(values)
+    if hi == lo:
+        return title, [0.5] * len(values), {0.5: f"{lo:.4g}"}
+    return title, [(v - lo) / (hi - lo) for v in values], {0.0: f"{lo:.4g}", 1.0: f"{hi:.4g}"}

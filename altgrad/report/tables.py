@@ -1,0 +1,166 @@
+"""Markdown tables of the report: loss cells, ULP-aware benefit, divergences, failure stages, diagnostics, jobs."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from altgrad.report.benefit import Benefit, StabilityThreshold
+from altgrad.report.cells import CONTEXT_FIELDS, Cell, describe, varying_fields
+from altgrad.report.load import Job
+from altgrad.report.stages import FormatAttribution
+from altgrad.report.stats import Summary
+
+FIELD_TITLES = {"optimizer_label": "optimizer", "layer_map": "layer map", "lr": "lr"}
+DIAGNOSTICS = ("mean_stall_ratio", "final_flip_rate", "mean_oscillation_rate", "min_grad_cosine",
+               "mean_effective_bits")
+"""The diagnostics every report shows first (summary.json ``diagnostics``); any others found follow."""
+
+
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A GitHub-flavoured markdown table; ``|`` and newlines inside cells are escaped."""
+    def cell(v: Any) -> str:
+        return str(v).replace("|", "\\|").replace("\n", " ")
+
+    lines = ["| " + " | ".join(cell(h) for h in headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def num(x: float | None, digits: int = 4, signed: bool = False) -> str:
+    if x is None:
+        return "—"
+    return f"{x:+.{digits}f}" if signed else f"{x:.{digits}f}"
+
+
+def mean_std(s: Summary, digits: int = 4) -> str:
+    """``mean ± std`` (just the mean for one value, ``—`` for none)."""
+    if s.mean is None:
+        return "—"
+    return num(s.mean, digits) if s.std is None else f"{num(s.mean, digits)} ± {num(s.std, digits)}"
+
+
+def ci_text(s: Summary, digits: int = 4, signed: bool = False) -> str:
+    ci = s.ci
+    return "—" if ci is None else f"[{num(ci[0], digits, signed)}, {num(ci[1], digits, signed)}]"
+
+
+def field_text(name: str, value: Any) -> str:
+    if value is None:
+        return "—"
+    return f"{value:g}" if name == "lr" else str(value)
+
+
+def cell_table(cells: Sequence[Cell]) -> str:
+    """Final and best validation loss per cell: mean ± std over seeds and the 95% CI of the mean."""
+    fields = varying_fields(cells)
+    headers = [FIELD_TITLES.get(f, f) for f in fields] + [
+        "completed/jobs", "diverged", "failed", "final val loss", "final 95% CI", "best val loss", "best 95% CI"]
+    rows = []
+    for c in cells:
+        final, best = c.loss_summary("final"), c.loss_summary("best")
+        rows.append([field_text(f, c[f]) for f in fields] + [
+            f"{c.count('completed')}/{len(c.jobs)}", c.count("diverged"), c.count("failed"),
+            mean_std(final), ci_text(final), mean_std(best), ci_text(best)])
+    return markdown_table(headers, rows)
+
+
+def benefit_table(benefits: Sequence[Benefit]) -> str:
+    """Δ final loss (optimizer − AdamW) per format, paired by seed, with 95% CI, p-value and mark."""
+    contexts = [b.treatment for b in benefits]
+    fields = [f for f in varying_fields(contexts, CONTEXT_FIELDS)] + ["optimizer_label"]
+    headers = [FIELD_TITLES.get(f, f) for f in fields] + [
+        "baseline", "pairs", "Δ final loss", "95% CI", "p", "mark", "diverged (opt/adamw)"]
+    rows = []
+    for b in benefits:
+        base = describe({"optimizer_label": b.baseline["optimizer_label"], "lr": b.baseline["lr"]},
+                        ("optimizer_label", "lr"))
+        if b.baseline_fallback:
+            base += " (fp32 master)"
+        if b.lr_choices > 1:
+            base += " · best lr of scan"
+        d = b.diff
+        rows.append([field_text(f, b.treatment[f]) for f in fields] + [
+            base, d.diff.n, num(d.diff.mean, signed=True), ci_text(d.diff, signed=True),
+            "—" if d.p_value is None else f"{d.p_value:.3g}", d.mark,
+            f"{b.treatment.count('diverged')}/{b.baseline.count('diverged')}"])
+    return markdown_table(headers, rows)
+
+
+def divergence_table(jobs: Sequence[Job]) -> str:
+    """Every diverged job: where (step) and why (cause recorded by the divergence callback)."""
+    rows = [[j.name, j.format, j.optimizer_label, j.storage, field_text("lr", j.lr), field_text("seed", j.seed),
+             field_text("step", j.summary.get("diverged_at_step")), j.summary.get("divergence_cause") or "—"]
+            for j in jobs]
+    return markdown_table(["job", "format", "optimizer", "storage", "lr", "seed", "step", "cause"], rows)
+
+
+def stage_summary_table(attributions: Sequence[FormatAttribution]) -> str:
+    """Per format: the first stage that failed, and how."""
+    rows = []
+    for a in attributions:
+        first = a.first_failure
+        if first is None:
+            what = "none of the stages run failed"
+        elif first.verdict == "diverged":
+            what = f"diverged in {first.n_diverged}/{len(first.jobs)} seeds"
+        else:
+            what = f"loss {num(100 * (first.relative_change or 0.0), 1, signed=True)}% vs previous stage"
+        rows.append([a.format, a.optimizer_label, first.stage if first else "—", what,
+                     ", ".join(s.stage for s in a.stages)])
+    return markdown_table(["format", "optimizer", "first failing stage", "evidence", "stages run"], rows)
+
+
+def stage_table(attributions: Sequence[FormatAttribution]) -> str:
+    """Every stage of every format, with its loss, divergences and change against the previous stage."""
+    rows = []
+    for a in attributions:
+        for s in a.stages:
+            rows.append([a.format, a.optimizer_label, s.stage, len(s.jobs), s.n_diverged, s.n_failed,
+                         mean_std(s.loss), num(s.reference),
+                         "—" if s.relative_change is None else f"{100 * s.relative_change:+.1f}%", s.verdict])
+    return markdown_table(["format", "optimizer", "stage", "jobs", "diverged", "failed", "final val loss",
+                           "previous stage", "change", "verdict"], rows)
+
+
+def diagnostic_names(cells: Sequence[Cell]) -> list[str]:
+    """DIAGNOSTICS first, then any other diagnostic found in the summaries, alphabetically."""
+    found = {k for c in cells for j in c.jobs for k in j.diagnostics}
+    return [d for d in DIAGNOSTICS if d in found] + sorted(found - set(DIAGNOSTICS))
+
+
+def diagnostics_table(cells: Sequence[Cell]) -> str:
+    """Mean of each run-level diagnostic per cell (over its seeds, diverged runs included)."""
+    names = diagnostic_names(cells)
+    fields = varying_fields(cells)
+    headers = [FIELD_TITLES.get(f, f) for f in fields] + ["runs"] + list(names)
+    rows = []
+    for c in cells:
+        values = [c.diagnostic_summary(n) for n in names]
+        if all(v.n == 0 for v in values):
+            continue
+        rows.append([field_text(f, c[f]) for f in fields] + [len(c.jobs)] + [num(v.mean, 3) for v in values])
+    return markdown_table(headers, rows)
+
+
+def stability_table(thresholds: Sequence[StabilityThreshold]) -> str:
+    """The lr scan's stability threshold: the largest lr with no diverged seed per format × optimizer."""
+    cells = [t.context_cell for t in thresholds]
+    fields = [f for f in varying_fields(cells) if f != "lr"]
+    rows = [[field_text(f, t.context_cell[f]) for f in fields] + [
+        ", ".join(f"{lr:g}" for lr in t.lrs), field_text("lr", t.largest_stable),
+        field_text("lr", t.smallest_diverged)] for t in thresholds]
+    return markdown_table([FIELD_TITLES.get(f, f) for f in fields] + [
+        "lrs run", "largest lr without divergence", "smallest lr that diverged"], rows)
+
+
+def jobs_table(jobs: Sequence[Job]) -> str:
+    """Jobs that did not complete: what they were (summary or Hydra overrides) and what went wrong."""
+    rows = []
+    for j in jobs:
+        what = describe({"format": j.format, "optimizer_label": j.optimizer_label, "storage": j.storage,
+                         "lr": j.lr}, ("format", "optimizer_label", "storage", "lr"))
+        if not j.summary and j.overrides:
+            what = " ".join(j.overrides)
+        rows.append([j.name, j.state, what, field_text("seed", j.seed), j.problem or "—"])
+    return markdown_table(["job", "state", "configuration", "seed", "detail"], rows)
