@@ -1,0 +1,27 @@
+"""ULP-aware optimizers (ManifoldAdamW, GridOptim), the Madam anchor, and the config-driven factory."""
+
+from altgrad.optim.base import PLAIN_BETAS, PLAIN_EPS, PLAIN_LR, QuantAwareOptimizer
+from altgrad.optim.factory import build_optimizer, weight_decay_groups
+from altgrad.optim.grid import GridOptim
+from altgrad.optim.grid_walk import grid_ordinal, ordinal_value, walk
+from altgrad.optim.madam import Madam
+from altgrad.optim.manifold import ManifoldAdamW
+from altgrad.optim.stiffness import STIFFNESS_KINDS, Grid, stiffness
+
+__all__ = [
+    "PLAIN_BETAS",
+    "PLAIN_EPS",
+    "PLAIN_LR",
+    "STIFFNESS_KINDS",
+    "Grid",
+    "GridOptim",
+    "Madam",
+    "ManifoldAdamW",
+    "QuantAwareOptimizer",
+    "build_optimizer",
+    "grid_ordinal",
+    "ordinal_value",
+    "stiffness",
+    "walk",
+    "weight_decay_groups",
+]

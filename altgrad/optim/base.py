@@ -1,0 +1,127 @@
+"""QuantAwareOptimizer: an Optimizer that knows each parameter's grid and steps grid-less parameters as AdamW.
+
+ULP-aware rules need, per parameter, the format and current scale the forward pass uses for it (a "grid": the
+parameter's weight TensorQuantizer).  Parameters without one (embeddings, LayerNorm, biases, unquantized layers)
+cannot be stepped in ULPs; they go to "plain" groups that the same optimizer steps with AdamW at ``plain_lr``,
+so one optimizer object (one Lightning optimizer, one LR schedule) drives the whole model.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.optim import Optimizer
+
+from altgrad.optim.adam import adamw_step_, init_adam_state
+from altgrad.optim.stiffness import Grid
+
+PLAIN_LR = 1e-3  # AdamW learning rate of the plain (grid-less) groups, in real units: nanoGPT's small-model lr
+PLAIN_BETAS = (0.9, 0.95)
+PLAIN_EPS = 1e-8
+
+
+class QuantAwareOptimizer(Optimizer, metaclass=abc.ABCMeta):
+    """Base class: splits every param group into a rule group (has a grid) and a plain AdamW group.
+
+    ``grids`` maps Parameter → grid (TensorQuantizer: ``.spec.format``, ``.scale_for(w)``).  It is structure, not
+    state: rebuilt from the model at every construction and never saved in ``state_dict``.  ``grids=None`` means
+    "no split": every parameter takes the rule, which only rules that need no grid (``needs_grid = False``) allow.
+    Each group carries ``plain: bool``.
+    """
+
+    needs_grid: bool = True
+    keeps_weights_on_grid: bool = False  # True: the rule writes grid values into the weight (GridOptim)
+
+    def __init__(
+        self,
+        params: Iterable[Tensor] | Iterable[dict[str, Any]],
+        defaults: dict[str, Any],
+        grids: Mapping[Tensor, Grid] | None,
+        plain_lr: float = PLAIN_LR,
+        plain_betas: tuple[float, float] = PLAIN_BETAS,
+        plain_eps: float = PLAIN_EPS,
+    ) -> None:
+        name = type(self).__name__
+        if grids is None and self.needs_grid:
+            raise ValueError(f"{name} needs `grids` (Parameter → TensorQuantizer) to know each weight's format and "
+                             "scale; build it with altgrad.optim.build_optimizer or altgrad.quant.layers.weight_grids")
+        if plain_lr <= 0:
+            raise ValueError(f"{name}: plain_lr={plain_lr} is not valid; valid: a positive AdamW learning rate")
+        self.grids: dict[Tensor, Grid] | None = None if grids is None else dict(grids)
+        groups: list[dict[str, Any]] = []
+        for group in _as_groups(params):
+            members = list(group["params"])
+            rule = members if self.grids is None else [p for p in members if p in self.grids]
+            plain = [p for p in members if self.grids is not None and p not in self.grids]
+            if rule:
+                groups.append({**group, "params": rule, "plain": False})
+            if plain:
+                groups.append({**group, "params": plain, "plain": True, "lr": group.get("plain_lr", plain_lr),
+                               "betas": tuple(plain_betas), "eps": plain_eps})
+        super().__init__(groups, defaults)
+
+    # -- the step ----------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """Re-evaluate the loss through ``closure`` (with grad enabled; Lightning relies on it), then update."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            if group["plain"]:
+                self._plain_step(group)
+            else:
+                self._rule_step(group)
+        return loss
+
+    @abc.abstractmethod
+    def _rule_step(self, group: dict[str, Any]) -> None:
+        """Update the parameters of one rule group (those with a grid, or all when ``grids`` is None)."""
+
+    def _with_grads(self, group: dict[str, Any]) -> list[Tensor]:
+        params = [p for p in group["params"] if p.grad is not None]
+        for p in params:
+            if p.grad.is_sparse:
+                raise ValueError(f"{type(self).__name__} does not support sparse gradients")
+        return params
+
+    def _plain_step(self, group: dict[str, Any]) -> None:
+        """AdamW with the group's (plain) hyper-parameters, bitwise equal to torch.optim.AdamW(foreach=True)."""
+        params = self._with_grads(group)
+        for p in params:
+            if not self.state[p]:
+                init_adam_state(self.state[p], p)
+        beta1, beta2 = group["betas"]
+        adamw_step_(params, [p.grad for p in params], *self._adam_lists(params),
+                    lr=group["lr"], beta1=beta1, beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"])
+
+    def _adam_lists(self, params: list[Tensor]) -> tuple[list[Tensor], list[Tensor], list[Tensor]]:
+        states = [self.state[p] for p in params]
+        return [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states], [s["step"] for s in states]
+
+    def grid_of(self, p: Tensor) -> Grid:
+        """The grid (weight quantizer) of a rule-group parameter."""
+        if self.grids is None or p not in self.grids:
+            raise ValueError(f"{type(self).__name__}: a parameter of shape {tuple(p.shape)} in a rule group has no "
+                             "grid; pass it in `grids` or let it fall into the plain group")
+        return self.grids[p]
+
+    def plain_params(self) -> list[Tensor]:
+        """Parameters stepped by the plain AdamW groups."""
+        return [p for g in self.param_groups if g["plain"] for p in g["params"]]
+
+
+def _as_groups(params: Iterable[Tensor] | Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    items = list(params)
+    if not items:
+        raise ValueError("optimizer got an empty parameter list")
+    if all(isinstance(i, dict) for i in items):
+        return [dict(i) for i in items]
+    if any(isinstance(i, dict) for i in items):
+        raise ValueError("params must be all tensors or all param-group dicts, not a mix")
+    return [{"params": items}]

@@ -1,0 +1,162 @@
+"""GridOptim: weights live on their format's grid; each step moves them a whole number of grid points.
+
+An inner rule (``sgd`` with momentum, or ``adam``) proposes a real step δ; it is converted to ULPs at w,
+k = δ / S(w), and the weight moves ⌊k⌋ grid points plus one more with probability frac(k) (stochastic rounding in
+ULP units: E[move] = k, so sub-ULP steps still move, with the right probability).  Moves walk across binade
+boundaries exactly (signed-ordinal arithmetic, saturating at ±max).  Pair it with ``quant.master=none``: there
+is no fp32 master copy, the weight tensor *is* the grid value.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from altgrad.optim.adam import adam_denominators, adam_moments_, init_adam_state
+from altgrad.optim.base import PLAIN_BETAS, PLAIN_EPS, PLAIN_LR, QuantAwareOptimizer
+from altgrad.optim.grid_walk import check_walkable, walk
+from altgrad.optim.stiffness import Grid
+
+INNER_RULES = ("sgd", "adam")
+LR_UNITS = ("ulp", "real")
+
+
+class GridOptim(QuantAwareOptimizer):
+    """Stochastic whole-grid-point steps proposed by an inner SGD-momentum or Adam rule.
+
+    ``lr_unit="ulp"``: δ = −lr·S·(d + wd·w), so k = −lr·(d + wd·w) grid points (d: the inner direction, the
+    momentum buffer or m̂/(√v̂+ε)); ``lr_unit="real"``: δ = −lr·(d + wd·w) in weight units, k = δ/S(w).
+    The random draws come from a torch.Generator per device seeded with ``seed`` (default: torch.initial_seed(),
+    the run seed Lightning's seed_everything sets); its state is part of ``state_dict``, so a resumed run draws
+    exactly what an uninterrupted one would.
+    """
+
+    keeps_weights_on_grid = True
+
+    def __init__(
+        self,
+        params: Iterable[Tensor] | Iterable[dict[str, Any]],
+        lr: float = 0.5,
+        inner: str = "adam",
+        lr_unit: str = "ulp",
+        momentum: float = 0.9,
+        dampening: float = 0.0,
+        nesterov: bool = False,
+        betas: tuple[float, float] = (0.9, 0.95),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        seed: int | None = None,
+        grids: Mapping[Tensor, Grid] | None = None,
+        plain_lr: float = PLAIN_LR,
+        plain_betas: tuple[float, float] = PLAIN_BETAS,
+        plain_eps: float = PLAIN_EPS,
+    ) -> None:
+        if lr <= 0:
+            raise ValueError(f"GridOptim: lr={lr} is not valid; valid: > 0")
+        if inner not in INNER_RULES:
+            raise ValueError(f"GridOptim: inner={inner!r} is not valid; valid: {', '.join(INNER_RULES)}")
+        if lr_unit not in LR_UNITS:
+            raise ValueError(f"GridOptim: lr_unit={lr_unit!r} is not valid; valid: {', '.join(LR_UNITS)}")
+        if not 0.0 <= momentum < 1.0:
+            raise ValueError(f"GridOptim: momentum={momentum} is not valid; valid: [0, 1)")
+        if nesterov and (momentum <= 0 or dampening != 0):
+            raise ValueError("GridOptim: nesterov=True needs momentum > 0 and dampening = 0")
+        if grids is not None and not any(True for _ in grids):
+            raise ValueError("GridOptim needs at least one quantized weight (none has a weight quantizer): choose a "
+                             "format other than fp32 and keep weights on the grid with quant.master=none")
+        defaults = {"lr": lr, "inner": inner, "lr_unit": lr_unit, "momentum": momentum, "dampening": dampening,
+                        "nesterov": nesterov, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay}
+        super().__init__(params, defaults, grids, plain_lr, plain_betas, plain_eps)
+        for p in self.grids or {}:
+            check_walkable(self.grids[p].spec.format)
+        self.seed = int(torch.initial_seed() if seed is None else seed) & 0x7FFF_FFFF_FFFF_FFFF
+        self._generators: dict[str, torch.Generator] = {}
+
+    # -- random draws ------------------------------------------------------------------------------------------
+    def _generator(self, device: torch.device) -> torch.Generator:
+        key = str(device)
+        if key not in self._generators:
+            self._generators[key] = torch.Generator(device=device).manual_seed(self.seed)
+        return self._generators[key]
+
+    def state_dict(self) -> dict[str, Any]:
+        """torch's optimizer state plus the seed and each device generator's state (uint8 tensors)."""
+        sd = super().state_dict()
+        sd["rng"] = {"seed": self.seed, "generators": {k: g.get_state() for k, g in self._generators.items()}}
+        return sd
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        state_dict = dict(state_dict)
+        rng = state_dict.pop("rng", None)
+        super().load_state_dict(state_dict)
+        if rng is not None:
+            self.seed = int(rng["seed"])
+            self._generators = {}
+            for key, gen_state in rng["generators"].items():
+                self._generator(torch.device(key)).set_state(gen_state.cpu())
+
+    # -- the step ----------------------------------------------------------------------------------------------
+    def _rule_step(self, group: dict[str, Any]) -> None:
+        params = self._with_grads(group)
+        if not params:
+            return
+        directions = self._adam_directions(params, group) if group["inner"] == "adam" else \
+            self._sgd_directions(params, group)
+        if group["weight_decay"] != 0:
+            torch._foreach_add_(directions, params, alpha=group["weight_decay"])  # d + wd·w (decoupled)
+        for p, d in zip(params, directions):
+            self._move(p, d, group)
+
+    def _adam_directions(self, params: list[Tensor], group: dict[str, Any]) -> list[Tensor]:
+        """m̂/(√v̂+ε) per parameter (AdamW's normalised direction)."""
+        for p in params:
+            if not self.state[p]:
+                init_adam_state(self.state[p], p)
+        states = [self.state[p] for p in params]
+        exp_avgs, exp_avg_sqs = [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states]
+        beta1, beta2 = group["betas"]
+        bc1, bc2_sqrt = adam_moments_([p.grad for p in params], exp_avgs, exp_avg_sqs,
+                                      [s["step"] for s in states], beta1, beta2)
+        directions = torch._foreach_div(exp_avgs, adam_denominators(exp_avg_sqs, bc2_sqrt, group["eps"]))
+        torch._foreach_div_(directions, bc1)
+        return directions
+
+    def _sgd_directions(self, params: list[Tensor], group: dict[str, Any]) -> list[Tensor]:
+        """torch.optim.SGD's momentum direction (first step: the gradient itself)."""
+        grads = [p.grad for p in params]
+        momentum = group["momentum"]
+        if momentum == 0:
+            return [g.clone() for g in grads]
+        old = [p for p in params if "momentum_buffer" in self.state[p]]
+        for p in params:
+            if "momentum_buffer" not in self.state[p]:
+                self.state[p]["momentum_buffer"] = p.grad.detach().clone()
+        if old:
+            bufs = [self.state[p]["momentum_buffer"] for p in old]
+            torch._foreach_mul_(bufs, momentum)
+            torch._foreach_add_(bufs, [p.grad for p in old], alpha=1 - group["dampening"])
+        bufs = [self.state[p]["momentum_buffer"] for p in params]
+        if group["nesterov"]:
+            return torch._foreach_add(grads, bufs, alpha=momentum)
+        return [b.clone() for b in bufs]
+
+    def _move(self, p: Tensor, direction: Tensor, group: dict[str, Any]) -> None:
+        """Step p by stochastic_round(k) grid points, k = −lr·d (ULP units) or −lr·d/S(w) (real units)."""
+        grid = self.grid_of(p)
+        fmt = grid.spec.format
+        scale = grid.scale_for(p).float()
+        x = p.float() * scale
+        ulp = fmt.ulp(x)
+        k = direction.float() * -group["lr"]
+        if group["lr_unit"] == "real":
+            k = k * scale / ulp  # δ / S with S = ulp(x)/s
+        uniform = torch.rand(p.shape, generator=self._generator(p.device), device=p.device, dtype=torch.float32)
+        steps = (k + uniform).floor_()  # ⌊k⌋ + 1 with probability frac(k)
+        new = walk(x, steps, fmt, ulp) / scale
+        # a non-finite weight or step stays visible (NaN) instead of landing on an arbitrary grid point
+        new = torch.where(torch.isfinite(x) & torch.isfinite(k), new, math.nan)
+        p.copy_(new)

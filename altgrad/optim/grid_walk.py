@@ -1,0 +1,58 @@
+"""Walk n grid points: a format's values indexed by a signed ordinal, so steps cross binades exactly.
+
+For a sign-magnitude format the magnitude code is the rank of |v| among the non-negative grid values
+(0 → 0, 1 → min_subnormal, …, max_code → max), so "n grid points further" is integer addition on the signed
+ordinal ±code, saturating at ±max_code.  Both directions are computed from float32 bits and the quant core's
+``ulp`` (no table lookup, no host sync), which keeps GridOptim's step cheap; tests check them against
+``FloatFormat.encode`` / ``values()`` for every preset.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+_MAX_MBITS = 16  # ordinals stay far inside int32: (emax − emin + 2)·2^M < 2^31
+
+
+def check_walkable(fmt: Any) -> None:
+    """Raise ValueError for formats whose ordinals would not fit int32 arithmetic."""
+    if fmt.mbits > _MAX_MBITS:
+        raise ValueError(f"grid walking supports formats with at most {_MAX_MBITS} mantissa bits; "
+                         f"{fmt} has {fmt.mbits}")
+
+
+def grid_ordinal(x: Tensor, fmt: Any, ulp: Tensor | None = None) -> Tensor:
+    """Signed ordinal (int32) of the grid value nearest to x (ties to even; beyond ±max saturates).
+
+    With e = ⌊log2|x|⌋ and r = round(|x| / ulp(x)), the magnitude code is 2^M·max(e − emin, 0) + r: r counts grid
+    points within the binade (2^M … 2^(M+1), or 0 … 2^M in the subnormal range); r = 2^(M+1) is the next binade's
+    first point, which the same formula numbers correctly.  Finite x only (callers mask non-finite values).
+    """
+    x = x.float()
+    ulp = fmt.ulp(x) if ulp is None else ulp
+    a = x.abs()
+    r = torch.round(a / ulp).to(torch.int32)
+    e = ((a.view(torch.int32) >> 23) & 0xFF) - 127  # float32 exponent; zero/subnormal → −127 < emin
+    code = ((e - fmt.emin).clamp_(min=0) << fmt.mbits).add_(r).clamp_(max=fmt.max_code)
+    return torch.where(x < 0, -code, code)
+
+
+def ordinal_value(ordinal: Tensor, fmt: Any) -> Tensor:
+    """float32 value of each signed ordinal in [−max_code, max_code]."""
+    m = fmt.mbits
+    a = ordinal.abs()
+    sub = a.float() * fmt.quantum  # codes below 2^M: multiples of the subnormal quantum (exact)
+    e = (a >> m) + (fmt.emin - 1)  # normal codes: exponent field (a >> M) → unbiased emin + field − 1
+    bits = ((e + 127) << 23) | ((a & ((1 << m) - 1)) << (23 - m))  # (1 + mant/2^M)·2^e as float32 bits
+    v = torch.where(a < (1 << m), sub, bits.view(torch.float32))
+    return torch.where(ordinal < 0, -v, v)
+
+
+def walk(x: Tensor, steps: Tensor, fmt: Any, ulp: Tensor | None = None) -> Tensor:
+    """The grid value ``steps`` (integer-valued) points from the grid value nearest to x, saturating at ±max."""
+    limit = fmt.max_code
+    n = steps.clamp(-2 * limit, 2 * limit).to(torch.int32)
+    return ordinal_value((grid_ordinal(x, fmt, ulp) + n).clamp_(-limit, limit), fmt)

@@ -1,0 +1,81 @@
+"""ManifoldAdamW: AdamW whose step is measured in ULPs of each weight's own grid.
+
+``stiffness_on="update"`` (the hypothesis): Δw = −lr·S(w)·m̂/(√v̂+ε), so ``lr`` is in ULPs per step and a weight
+moves the same number of grid points whatever its binade.  ``stiffness_on="grad"`` (the seed design, kept as an
+ablation): Adam's moments see g·S.  Adam divides by √v̂ per coordinate, so a stiffness that stays constant for
+~1/(1−β2) steps cancels and the trajectory is AdamW's (with ε/S for ε); it differs only after a weight changes
+binade.  ``lr`` is then in real units, as AdamW's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from altgrad.optim.adam import adamw_step_, init_adam_state
+from altgrad.optim.base import PLAIN_BETAS, PLAIN_EPS, PLAIN_LR, QuantAwareOptimizer
+from altgrad.optim.stiffness import STIFFNESS_KINDS, Grid, stiffness
+
+STIFFNESS_PLACEMENTS = ("update", "grad")
+
+
+class ManifoldAdamW(QuantAwareOptimizer):
+    """AdamW with per-coordinate learning rate lr·S(w) (``update``) or on the stiff gradient g·S(w) (``grad``).
+
+    Weight decay is decoupled as in AdamW, at the same per-coordinate rate (w ← w − lr·S·wd·w for ``update``).
+    Parameters without a grid are stepped by plain AdamW at ``plain_lr`` (see QuantAwareOptimizer).
+    """
+
+    def __init__(
+        self,
+        params: Iterable[Tensor] | Iterable[dict[str, Any]],
+        lr: float = 0.25,
+        betas: tuple[float, float] = (0.9, 0.95),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        stiffness_on: str = "update",
+        stiffness_kind: str = "pow2",
+        grids: Mapping[Tensor, Grid] | None = None,
+        plain_lr: float = PLAIN_LR,
+        plain_betas: tuple[float, float] = PLAIN_BETAS,
+        plain_eps: float = PLAIN_EPS,
+    ) -> None:
+        if lr <= 0:
+            raise ValueError(f"ManifoldAdamW: lr={lr} is not valid; valid: > 0 (ULPs per step for 'update')")
+        if not all(0.0 <= b < 1.0 for b in betas):
+            raise ValueError(f"ManifoldAdamW: betas={tuple(betas)} are not valid; valid: each in [0, 1)")
+        defaults = {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay,
+                        "stiffness_on": stiffness_on, "stiffness_kind": stiffness_kind}
+        super().__init__(params, defaults, grids, plain_lr, plain_betas, plain_eps)
+        for group in self.param_groups:
+            if group["stiffness_on"] not in STIFFNESS_PLACEMENTS:
+                raise ValueError(f"ManifoldAdamW: stiffness_on={group['stiffness_on']!r} is not valid; valid: "
+                                 f"{', '.join(STIFFNESS_PLACEMENTS)}")
+            if group["stiffness_kind"] not in STIFFNESS_KINDS:
+                raise ValueError(f"ManifoldAdamW: stiffness_kind={group['stiffness_kind']!r} is not valid; "
+                                 f"valid: {', '.join(STIFFNESS_KINDS)}")
+
+    def stiffness_of(self, p: Tensor, kind: str | None = None) -> Tensor:
+        """S(p) on p's grid at its current scale, in p's dtype."""
+        grid = self.grid_of(p)
+        kind = kind or self.defaults["stiffness_kind"]
+        return stiffness(p, grid.spec.format, grid.scale_for(p), kind).to(p.dtype)
+
+    def _rule_step(self, group: dict[str, Any]) -> None:
+        params = self._with_grads(group)
+        if not params:
+            return
+        for p in params:
+            if not self.state[p]:
+                init_adam_state(self.state[p], p)
+        stiff = [self.stiffness_of(p, group["stiffness_kind"]) for p in params]
+        grads = [p.grad for p in params]
+        beta1, beta2 = group["betas"]
+        kw = {"lr": group["lr"], "beta1": beta1, "beta2": beta2, "eps": group["eps"], "weight_decay": group["weight_decay"]}
+        if group["stiffness_on"] == "update":
+            adamw_step_(params, grads, *self._adam_lists(params), stiffness=stiff, **kw)
+        else:
+            adamw_step_(params, torch._foreach_mul(grads, stiff), *self._adam_lists(params), **kw)
