@@ -136,7 +136,8 @@ def plot_format_grids(formats: Sequence[str], path: Path) -> tuple[Path | None, 
     grids, skipped = [], []
     for name in sorted(set(formats) - {"fp32"}, key=lambda f: rank(FORMAT_ORDER, f)):
         try:
-            values = get_format(name).values().detach().cpu().double().numpy()
+            values = get_format(name).values()
+            values = np.asarray(values.detach().cpu() if hasattr(values, "detach") else values, dtype=np.float64)
         except (ValueError, KeyError) as exc:
             skipped.append(f"{name} ({exc})")
             continue

@@ -1,0 +1,142 @@
+"""Cells, the ULP-aware benefit, failure stages, the lr stability threshold and the findings, on known numbers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from report_synthetic import write_job
+
+from altgrad.report.benefit import stability_thresholds, ulp_benefits
+from altgrad.report.cells import group_cells, varying_fields
+from altgrad.report.findings import answer, failure_lines, why_lines
+from altgrad.report.load import load_sweeps
+from altgrad.report.stages import attribute_failures, stage_of
+from altgrad.report.tables import benefit_table, cell_table
+
+
+def _benefits(path: Path):
+    return {(b.treatment["format"], b.treatment["optimizer_label"]): b
+            for b in ulp_benefits(group_cells(load_sweeps([path]).jobs))}
+
+
+def test_cells_group_seeds_and_skip_broken_jobs(ab_sweep: Path) -> None:
+    cells = group_cells(load_sweeps([ab_sweep]).jobs)
+    assert len(cells) == 9  # 4 formats × {adamw, manifold} + e4m3 grid; corrupt and missing jobs have no cell
+    assert [c["format"] for c in cells][:3] == ["e3m4", "e3m4", "e4m3"]
+    e3m4_adamw = cells[0]
+    assert (e3m4_adamw.count("completed"), e3m4_adamw.count("failed")) == (2, 1)
+    assert e3m4_adamw.loss_summary().mean == pytest.approx(3.505)
+    assert set(varying_fields(cells)) == {"format", "optimizer_label", "storage", "lr"}
+
+
+def test_benefit_known_numbers(ab_sweep: Path) -> None:
+    b = _benefits(ab_sweep)
+    e5m2 = b[("e5m2", "manifold[update]")].diff
+    assert (e5m2.diff.n, e5m2.diff.mean) == (3, pytest.approx(2.0))
+    assert e5m2.diff.half_width == pytest.approx(2.4841, abs=5e-5)
+    assert e5m2.mark == "n.s."
+    assert b[("e7m0", "manifold[update]")].diff.mark == "**"
+    assert b[("e7m0", "manifold[update]")].improves
+    assert b[("e4m3", "manifold[update]")].diff.mark == "*"
+    assert b[("e4m3", "manifold[update]")].diff.diff.mean == pytest.approx(-0.10)
+    # e3m4: the diverged manifold seed and the failed adamw seed drop out of the pairing
+    e3m4 = b[("e3m4", "manifold[update]")]
+    assert e3m4.diff.seeds == (0, 1) and e3m4.diff.mark == "n.s."
+    assert (e3m4.treatment.count("diverged"), e3m4.baseline.count("failed")) == (1, 1)
+
+
+def test_grid_without_on_grid_adamw_falls_back_to_fp32_master(ab_sweep: Path) -> None:
+    grid = _benefits(ab_sweep)[("e4m3", "grid")]
+    assert grid.baseline_fallback and grid.baseline["storage"] == "fp32 master"
+    assert grid.treatment["storage"] == "on-grid nearest"
+    assert grid.diff.diff.mean == pytest.approx(0.05) and grid.worsens and grid.diff.mark == "*"
+
+
+def test_benefit_table_rows(ab_sweep: Path) -> None:
+    table = benefit_table(ulp_benefits(group_cells(load_sweeps([ab_sweep]).jobs)))
+    lines = table.splitlines()
+    assert lines[0].startswith("| format | storage | optimizer | baseline | pairs | Δ final loss | 95% CI |")
+    assert "| e5m2 | fp32 master | manifold[update] | adamw, lr=0.001 | 3 | +2.0000 | [-0.4841, +4.4841] | 0.0742 " \
+           "| n.s. | 0/0 |" in table
+    assert "| e7m0 | fp32 master | manifold[update] | adamw, lr=0.001 | 3 | -0.5000 | [-0.5497, -0.4503] |" in table
+    assert "| e4m3 | on-grid nearest | grid | adamw, lr=0.001 (fp32 master) | 3 | +0.0500 |" in table
+    assert "| e3m4 | fp32 master | manifold[update] | adamw, lr=0.001 | 2 |" in table
+    assert len(lines) == 2 + 5
+
+
+def test_cell_table_rows(ab_sweep: Path) -> None:
+    table = cell_table(group_cells(load_sweeps([ab_sweep]).jobs))
+    assert "| e3m4 | fp32 master | adamw | 0.001 | 2/3 | 0 | 1 | 3.5050 ± 0.0071 | [3.4415, 3.5685] |" in table
+    assert "| e3m4 | fp32 master | manifold[update] | 0.3 | 2/3 | 1 | 0 |" in table
+
+
+def test_stage_detection(stage_sweep: Path) -> None:
+    stages = {j.name: stage_of(j) for j in load_sweeps([stage_sweep]).jobs}
+    assert stages["fp32/fp32/0"] == "fp32"
+    for fmt in ("e4m3", "e7m0"):  # e4m3 read from layer_map.json, e7m0 from config.format.grad
+        for stage in ("forward", "forward+grad", "forward+grad+storage"):
+            assert stages[f"{fmt}/{stage}/0"] == stage
+
+
+def test_stage_is_none_outside_failure_stage(ab_sweep: Path) -> None:
+    assert all(stage_of(j) is None for j in load_sweeps([ab_sweep]).jobs)
+
+
+def test_failure_stage_attribution(stage_sweep: Path) -> None:
+    attributions = {a.format: a for a in attribute_failures(load_sweeps([stage_sweep]).jobs, threshold=0.05)}
+    assert set(attributions) == {"e4m3", "e7m0"}
+    e4m3 = attributions["e4m3"]
+    assert e4m3.fp32_reference == pytest.approx(3.01)
+    assert [s.verdict for s in e4m3.stages] == ["ok", "ok", "degraded"]
+    assert e4m3.first_failure.stage == "forward+grad+storage"
+    assert e4m3.first_failure.relative_change == pytest.approx(3.51 / 3.06 - 1)
+    e7m0 = attributions["e7m0"]
+    assert [s.verdict for s in e7m0.stages] == ["ok", "diverged", "diverged"]
+    assert e7m0.first_failure.stage == "forward+grad" and e7m0.first_failure.n_diverged == 1
+    # a threshold below e7m0's +3.3% forward-stage loss moves its first failure to the forward stage
+    strict = {a.format: a for a in attribute_failures(load_sweeps([stage_sweep]).jobs, threshold=0.02)}
+    assert strict["e7m0"].first_failure.stage == "forward"
+    lines = failure_lines(list(attributions.values()), 0.05)
+    assert "e4m3 (adamw) first fails at **forward+grad+storage**: final loss +14.7% vs the previous stage." in lines
+    assert "e7m0 (adamw) first fails at **forward+grad**: diverged in 1/2 seeds." in lines
+    with pytest.raises(ValueError, match="threshold"):
+        attribute_failures([], threshold=-1)
+
+
+def test_findings_answer(ab_sweep: Path) -> None:
+    sweep = load_sweeps([ab_sweep])
+    cells = group_cells(sweep.jobs)
+    lines = answer(ulp_benefits(cells))
+    assert lines[0].startswith("**Answer: e7m0 benefits most** — manifold[update], fp32 master")
+    assert "Δ = -0.5000, 95% CI [-0.5497, -0.4503], 3 seed pairs" in lines[0]
+    assert lines[1].startswith("Runner-up: e4m3") and lines[1].endswith("the CIs do not overlap, so the ranking holds.")
+    assert any(line.startswith("Significantly worse than AdamW: e4m3 grid") for line in lines)
+    why = why_lines(ulp_benefits(cells), cells)
+    assert why[0].startswith("Across 4 formats, Spearman ρ between AdamW's mean stall ratio and the best Δ is -0.80")
+
+
+def test_findings_say_when_evidence_is_insufficient(tmp_path: Path) -> None:
+    for i, (opt, loss) in enumerate([("adamw", 3.0), ("manifold", 2.5)]):
+        write_job(tmp_path / str(i), fmt="e4m3", optimizer=opt, seed=0, final=loss)
+    cells = group_cells(load_sweeps([tmp_path]).jobs)
+    lines = answer(ulp_benefits(cells))
+    assert lines[0].startswith("**Insufficient evidence:**")
+    assert "1 with fewer than 2 seed pairs" in lines[0]
+    assert "Largest point estimate, not significant: e4m3 manifold[update]" in lines[0]
+    assert why_lines(ulp_benefits(cells), cells)[0].startswith("Too few formats")
+    only_adamw = group_cells(load_sweeps([tmp_path / "0"]).jobs)
+    assert answer(ulp_benefits(only_adamw))[0].startswith("**Insufficient evidence:** no format has both AdamW")
+
+
+def test_stability_threshold_from_lr_scan(tmp_path: Path) -> None:
+    runs = [(1e-3, "completed"), (3e-3, "completed"), (1e-2, "diverged"), (3e-2, "diverged")]
+    for i, (lr, status) in enumerate(runs):
+        for seed in range(2):
+            diverged = status == "diverged" or (lr == 3e-3 and seed == 1)
+            write_job(tmp_path / f"{i}_{seed}", fmt="e5m2", optimizer="adamw", seed=seed, lr=lr,
+                      experiment="lr_scan", final=None if diverged else 3.0 + lr,
+                      status="diverged" if diverged else "completed")
+    (t,) = stability_thresholds(group_cells(load_sweeps([tmp_path]).jobs))
+    assert t.lrs == (1e-3, 3e-3, 1e-2, 3e-2)
+    assert (t.largest_stable, t.smallest_diverged) == (1e-3, 3e-3)

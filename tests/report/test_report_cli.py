@@ -1,0 +1,121 @@
+"""The whole report: report.md sections and rows, PNGs, partial sweeps, and the CLI's exit codes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+from report_synthetic import build_ab_sweep, write_job
+
+from altgrad.report import write_report
+from altgrad.report.__main__ import main
+from altgrad.report.plots import plot_format_grids
+
+REPO = Path(__file__).resolve().parents[2]
+PNGS = ("val_loss.png", "val_loss_failure_stage.png", "benefit.png", "diagnostics.png", "parallel_coordinates.png")
+
+
+@pytest.fixture(scope="module")
+def full_report(ab_sweep: Path, stage_sweep: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_report([ab_sweep, stage_sweep], tmp_path_factory.mktemp("out"), threshold=0.05)
+
+
+def test_report_sections_in_order(full_report: Path) -> None:
+    text = full_report.read_text()
+    headings = [line for line in text.splitlines() if line.startswith("## ")]
+    assert headings == [
+        "## Findings", "## ULP-aware benefit (Δ final val loss vs AdamW, paired by seed)", "## Validation loss",
+        "## Divergences", "## Failure-stage attribution",
+        "## Why: update stalls, flips, gradient fidelity, effective bits", "## Configuration vs final loss",
+        "## Jobs"]
+
+
+def test_report_rows(full_report: Path) -> None:
+    text = full_report.read_text()
+    assert "**Answer: e7m0 benefits most**" in text
+    assert "| ab/20 | e3m4 | manifold[update] | fp32 master | 0.3 | 2 | 40 | nonfinite loss |" in text
+    assert "| e4m3 | adamw | forward+grad+storage | loss +14.7% vs previous stage |" in text
+    assert "| e7m0 | adamw | forward+grad | diverged in 1/2 seeds |" in text
+    assert "43 job dirs found; 7 did not complete." in text
+    jobs = text[text.index("## Jobs"):]
+    for state in ("| failed |", "| diverged |", "| corrupt |", "| missing |"):
+        assert state in jobs
+    assert "format=e7m0 optimizer=madam seed=1" in jobs  # a killed job is named by its Hydra overrides
+    # the diagnostics table carries each format's AdamW stall ratio
+    assert "| manifold_ab | e7m0 | fp32 master | — | adamw | 0.001 | 3 | 0.900 |" in text
+
+
+def test_pngs_written_and_linked(full_report: Path) -> None:
+    text = full_report.read_text()
+    for name in PNGS:
+        png = full_report.parent / name
+        assert png.stat().st_size > 1000 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert f"]({name})" in text
+    grids = full_report.parent / "format_grids.png"
+    assert ("](format_grids.png)" in text) == grids.exists()
+    assert grids.exists() or "format value grids skipped" in text
+
+
+def test_format_grids_with_and_without_quant(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = types.ModuleType("altgrad.quant")
+
+    def get_format(name: str) -> types.SimpleNamespace:
+        if name == "e9m9":
+            raise ValueError("unknown format 'e9m9'")
+        return types.SimpleNamespace(values=lambda: [-1.0, -0.5, 0.0, 0.25, 0.5, 1.0])
+
+    fake.get_format = get_format
+    monkeypatch.setitem(sys.modules, "altgrad.quant", fake)
+    png, note = plot_format_grids(["fp32", "e4m3", "e9m9"], tmp_path / "grids.png")
+    assert png is not None and png.stat().st_size > 1000
+    assert note == "formats without a known grid: e9m9 (unknown format 'e9m9')"
+    monkeypatch.setitem(sys.modules, "altgrad.quant", types.ModuleType("altgrad.quant"))
+    png, note = plot_format_grids(["e4m3"], tmp_path / "none.png")
+    assert png is None and note.startswith("format value grids skipped: altgrad.quant is not importable")
+
+
+def test_partial_sweep_without_any_completed_job(tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    write_job(sweep / "0", fmt="e4m3", optimizer="adamw", seed=0, final=None, status="failed", metrics=False,
+              error="ValueError: bad config")
+    (sweep / "1" / ".hydra").mkdir(parents=True)
+    (sweep / "1" / ".hydra" / "overrides.yaml").write_text("- format=e5m2\n")
+    report = write_report([sweep])
+    assert report == sweep / "report.md"
+    text = report.read_text()
+    assert "**Insufficient evidence:**" in text and "2 jobs — 1 failed, 1 missing" in text
+    assert "ValueError: bad config" in text and "_No job logged val/loss in metrics.csv._" in text
+
+
+def test_cli_subprocess_writes_into_the_sweep_dir(tmp_path: Path) -> None:
+    sweep = build_ab_sweep(tmp_path / "multirun" / "2025-01-01" / "12-00-00")
+    done = subprocess.run([sys.executable, "-m", "altgrad.report", str(sweep)], check=False,
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"wrote {sweep / 'report.md'}"
+    assert (sweep / "report.md").read_text().startswith("# AltGrad sweep report")
+    assert (sweep / "val_loss.png").stat().st_size > 1000
+
+
+def test_cli_subprocess_refuses_missing_dir(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "altgrad.report", str(tmp_path / "nope")], check=False,
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and done.stderr.startswith("error: sweep folder ")
+    assert "does not exist" in done.stderr and "multirun/DATE/TIME" in done.stderr
+
+
+def test_cli_empty_dir_and_out_override(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "empty").mkdir()
+    assert main([str(tmp_path / "empty")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: no jobs in ")
+    write_job(tmp_path / "one" / "0", fmt="e4m3", optimizer="adamw", seed=0, final=3.0)
+    assert main([str(tmp_path / "one"), "--out", str(tmp_path / "elsewhere")]) == 0
+    assert (tmp_path / "elsewhere" / "report.md").is_file() and not (tmp_path / "one" / "report.md").exists()
+    with pytest.raises(SystemExit) as exc:
+        main([])
+    assert exc.value.code == 2
