@@ -1,0 +1,46 @@
+"""fused(fn): run a pure tensor function through torch.compile (one fused loop), falling back to eager.
+
+Compilation is lazy and cached per device type; a failure is reported once and that device type stays eager.
+Inside an outer torch.compile the function is traced as it is, so callers can compile whole models.
+``ALTGRAD_COMPILE=0`` keeps everything eager (tests that do not need the compiler run much faster).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+
+def compile_enabled() -> bool:
+    """Whether fused functions compile (environment variable ``ALTGRAD_COMPILE``, default on)."""
+    return os.environ.get("ALTGRAD_COMPILE", "1").lower() not in ("0", "false", "no", "off", "")
+
+
+class fused:  # noqa: N801 - used like a decorator/function
+    """Callable wrapper: ``fused(fn)(*args, compiled=True)``; ``compiled=False`` runs the eager function."""
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.fn = fn
+        self._compiled: dict[str, Callable[..., Any]] = {}
+        self._failed: set[str] = set()
+
+    def __call__(self, *args: Any, compiled: bool = True) -> Any:
+        if not compiled or not compile_enabled() or torch.compiler.is_compiling():
+            return self.fn(*args)
+        device = next((a.device.type for a in args if isinstance(a, torch.Tensor)), "cpu")
+        if device in self._failed:
+            return self.fn(*args)
+        cfn = self._compiled.get(device)
+        if cfn is None:
+            cfn = self._compiled[device] = torch.compile(self.fn, dynamic=True, fullgraph=True)
+        try:
+            return cfn(*args)
+        except Exception as err:  # noqa: BLE001 - any compiler failure means: use the eager function
+            self._failed.add(device)
+            warnings.warn(f"altgrad.quant: torch.compile of {self.fn.__name__} failed on {device} "
+                          f"({type(err).__name__}: {err}); running it eagerly", stacklevel=3)
+            return self.fn(*args)

@@ -1,0 +1,51 @@
+"""Cheap per-call statistics of one quantization, kept as a float32 tensor (never a Python float: no host sync).
+
+STAT_NAMES (in order): fraction of elements saturated (|x·s| > max), fraction flushed to zero (nonzero input,
+zero output), fraction landing subnormal (nonzero output below the smallest normal; every nonzero output when
+ebits = 0), count of non-finite inputs, amax of the finite inputs (before scaling) and the mean scale.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from altgrad.quant.format import FloatFormat
+from altgrad.quant.fused import fused
+
+STAT_NAMES = ("frac_saturated", "frac_zero", "frac_subnormal", "nonfinite", "amax", "scale")
+
+_CONSTS: dict[tuple[FloatFormat, torch.device], torch.Tensor] = {}
+
+
+def _stats(x: torch.Tensor, y: torch.Tensor, scale: torch.Tensor, consts: torch.Tensor) -> torch.Tensor:
+    xf = x.to(torch.float32)
+    yf = y.to(torch.float32)
+    finite = torch.isfinite(xf)
+    ax = torch.where(finite, xf.abs(), 0.0)
+    s = scale.to(torch.float32)
+    n = max(xf.numel(), 1)
+    saturated = (ax * s > consts[0]).sum() / n
+    zero = ((ax > 0) & (yf == 0)).sum() / n
+    subnormal = ((yf != 0) & torch.isfinite(yf) & (yf.abs() * s < consts[1])).sum() / n
+    nonfinite = (~finite).sum().to(torch.float32)
+    amax = ax.amax() if xf.numel() else xf.new_zeros(())
+    return torch.stack([saturated, zero, subnormal, nonfinite, amax, s.mean()]).to(torch.float32)
+
+
+_fused_stats = fused(_stats)
+
+
+def quant_stats(x: torch.Tensor, y: torch.Tensor, fmt: FloatFormat, scale: torch.Tensor | None = None,
+                compiled: bool = True) -> torch.Tensor:
+    """STAT_NAMES values for input x, its fake-quantized y (= q(x·s)/s) and the scale s (None = 1)."""
+    key = (fmt, x.device)
+    consts = _CONSTS.get(key)
+    if consts is None:
+        consts = _CONSTS[key] = torch.tensor([fmt.max, math.ldexp(1.0, fmt.emin)], dtype=torch.float32,
+                                             device=x.device)
+    if scale is None:
+        scale = torch.ones((), dtype=torch.float32, device=x.device)
+    with torch.no_grad():
+        return _fused_stats(x.detach(), y.detach(), scale.detach(), consts, compiled=compiled)
