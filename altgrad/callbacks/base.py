@@ -1,0 +1,150 @@
+"""Shared plumbing of the diagnostics callbacks: intervals, metric names, logging, and where the layers are.
+
+Scalars go to every logger (CSV and W&B) as ``group/layer/role/metric``; histograms and tables go to W&B only and
+are skipped silently when no WandbLogger is attached. Values are gathered as device tensors and moved to the host
+in one transfer per logging interval, so instruments add no host syncs between intervals.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, ClassVar
+
+import lightning as L
+import torch
+from torch import nn
+
+from altgrad.quant.layers import QuantLinear
+
+
+def metric_name(group: str, layer: str, role: str, metric: str) -> str:
+    """The stable metric name ``group/layer/role/metric`` (layer relative to the GPT, e.g. transformer.h.0.mlp.c_fc)."""
+    return f"{group}/{layer}/{role}/{metric}"
+
+
+def backbone(pl_module: L.LightningModule) -> nn.Module:
+    """The GPT the module trains (``pl_module.model``), unwrapped from torch.compile so probes run eagerly."""
+    model = getattr(pl_module, "model", None)
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"{type(pl_module).__name__} has no `model` backbone; diagnostics need pl_module.model")
+    return getattr(model, "_orig_mod", model)
+
+
+def linear_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """Every Linear of the model, quantized (QuantLinear) or not, with its qualified name, in module order."""
+    return [(n, m) for n, m in model.named_modules() if isinstance(m, (QuantLinear, nn.Linear))]
+
+
+def quantized_weights(model: nn.Module) -> list[tuple[str, QuantLinear]]:
+    """QuantLinears whose weight is quantized (they have a grid for flips, bits and stiffness)."""
+    return [(n, m) for n, m in model.named_modules() if isinstance(m, QuantLinear) and m.weight_q is not None]
+
+
+def quantizer_roles(model: nn.Module) -> list[tuple[str, str, nn.Module]]:
+    """(layer, role, quantizer) for every quantized tensor role, in module order."""
+    return [(n, role, q) for n, m in model.named_modules() if isinstance(m, QuantLinear) for role, q in m.quantizers()]
+
+
+def run_summary(pl_module: L.LightningModule) -> dict[str, Any]:
+    """``pl_module.run_summary`` (created if the module has none), with its ``diagnostics`` dict present."""
+    summary = getattr(pl_module, "run_summary", None)
+    if summary is None:
+        summary = {}
+        pl_module.run_summary = summary
+    summary.setdefault("diagnostics", {})
+    return summary
+
+
+def to_floats(values: Mapping[str, torch.Tensor | float]) -> dict[str, float]:
+    """Device scalars → Python floats in one host transfer."""
+    names = list(values)
+    tensors = [v for v in values.values() if isinstance(v, torch.Tensor)]
+    if not tensors:
+        return {k: float(v) for k, v in values.items()}
+    device = tensors[0].device
+    stacked = torch.stack([
+        v.detach().float().reshape(()).to(device) if isinstance(v, torch.Tensor)
+        else torch.tensor(float(v), device=device) for v in values.values()
+    ]).cpu().tolist()
+    return dict(zip(names, stacked))
+
+
+def finite(values: Iterable[float | None]) -> list[float]:
+    """The finite values (drops None, NaN and ±inf)."""
+    return [v for v in values if v is not None and math.isfinite(v)]
+
+
+def mean(values: Iterable[float | None]) -> float | None:
+    """Mean of the finite values; None when there are none."""
+    kept = finite(values)
+    return sum(kept) / len(kept) if kept else None
+
+
+class Instrument(L.Callback):
+    """A diagnostics callback with its own interval: due on the batches that complete step n·every_n_steps."""
+
+    group: ClassVar[str] = "diag"
+
+    def __init__(self, every_n_steps: int = 50) -> None:
+        if int(every_n_steps) < 1:
+            raise ValueError(f"{type(self).__name__}.every_n_steps={every_n_steps} is not valid; valid: integer >= 1")
+        self.every_n_steps = int(every_n_steps)
+        self._due = False
+
+    # -- interval ------------------------------------------------------------------------------------------------
+    def due_at(self, step: int) -> bool:
+        """True when optimizer step number ``step`` (1-based: the step this batch completes) is measured."""
+        return step % self.every_n_steps == 0
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
+                             batch_idx: int) -> None:
+        self._due = not trainer.sanity_checking and self.due_at(trainer.global_step + 1)
+
+    # -- logging -------------------------------------------------------------------------------------------------
+    @staticmethod
+    def log_scalars(trainer: L.Trainer, metrics: Mapping[str, float], step: int | None = None) -> None:
+        """Log scalars to every attached logger at ``step`` (default: the trainer's global step)."""
+        if not metrics:
+            return
+        step = trainer.global_step if step is None else step
+        for logger in trainer.loggers:
+            logger.log_metrics(dict(metrics), step=step)
+
+    @staticmethod
+    def wandb_logger(trainer: L.Trainer) -> Any | None:
+        """The attached WandbLogger, or None (histograms and tables are then skipped)."""
+        try:
+            from lightning.pytorch.loggers import WandbLogger
+        except ImportError:  # pragma: no cover - wandb is a project dependency
+            return None
+        for logger in trainer.loggers:
+            if isinstance(logger, WandbLogger):
+                return logger
+        return None
+
+    def log_histograms(self, trainer: L.Trainer, histograms: Mapping[str, tuple[Sequence[float], Sequence[float]]],
+                       step: int | None = None) -> None:
+        """W&B histograms from (counts, bin_edges) pairs, one ``log`` call; skipped without a WandbLogger."""
+        logger = self.wandb_logger(trainer)
+        if logger is None or not histograms or not trainer.is_global_zero:
+            return
+        import wandb
+
+        payload: dict[str, Any] = {name: wandb.Histogram(np_histogram=(list(c), list(e)))
+                                   for name, (c, e) in histograms.items()}
+        logger.log_metrics(payload, step=trainer.global_step if step is None else step)
+
+    def log_table(self, trainer: L.Trainer, key: str, columns: list[str], rows: list[list[Any]]) -> None:
+        """A W&B table; skipped without a WandbLogger."""
+        logger = self.wandb_logger(trainer)
+        if logger is None or not rows or not trainer.is_global_zero:
+            return
+        logger.log_table(key=key, columns=columns, data=rows, step=trainer.global_step)
+
+    @staticmethod
+    def summarize(pl_module: L.LightningModule, **aggregates: float | None) -> None:
+        """Write per-run aggregates into ``pl_module.run_summary['diagnostics']`` (NaN/inf → None)."""
+        diag = run_summary(pl_module)["diagnostics"]
+        for key, value in aggregates.items():
+            diag[key] = None if value is None or not math.isfinite(value) else float(value)

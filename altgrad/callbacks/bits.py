@@ -1,0 +1,140 @@
+"""Format utilization, bit positions and the stiffness field of every quantized weight.
+
+At each interval, before the optimizer step (weights and gradients of the same step):
+- ``bits/<layer>/weight/effective_bits``: Shannon entropy (bits) of the histogram of grid codes the tensor uses,
+  out of the format's width; the histogram itself goes to W&B (``.../codes``);
+- ``bits/<layer>/weight/log2_stiffness_{mean,std,min,max}``: the distribution of log2 S, S = ulp(w·s)/s as the
+  ULP-aware optimizers compute it (histogram to W&B), and ``grad_stiffness_corr`` = Pearson corr(|g|, S);
+- code-index trajectories: a fixed random sample of ``samples_per_tensor`` weights per tensor, their grid index
+  (the latent integer state) at every interval, sent to W&B as the table ``bits/code_trajectories`` at the end
+  (and written to ``csv_path`` when set).
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+
+from altgrad.callbacks.base import Instrument, backbone, mean, metric_name, quantized_weights, to_floats
+from altgrad.diagnostics import (
+    code_histogram,
+    entropy_bits,
+    grid_index,
+    grid_midpoints,
+    index_dtype,
+    log2_stiffness,
+    pearson,
+)
+
+TRAJECTORY_COLUMNS = ["step", "layer", "sample", "element", "code_index", "value"]
+
+
+class BitsCallback(Instrument):
+    """Effective bits, stiffness field and sampled code trajectories of each quantized weight."""
+
+    group = "bits"
+
+    def __init__(self, every_n_steps: int = 50, samples_per_tensor: int = 16, seed: int = 0,
+                 histograms: bool = True, csv_path: str | None = None) -> None:
+        super().__init__(every_n_steps)
+        if int(samples_per_tensor) < 0:
+            raise ValueError(f"samples_per_tensor={samples_per_tensor} is not valid; valid: integer >= 0")
+        self.samples_per_tensor = int(samples_per_tensor)
+        self.seed = int(seed)
+        self.histograms = histograms
+        self.csv_path = csv_path
+        self._samples: dict[str, torch.Tensor] = {}
+        self.trajectories: list[list[Any]] = []
+        self._bits: list[float] = []
+        self._final_bits: list[float] = []
+        self._pending: tuple[dict[str, torch.Tensor], dict[str, Any], list[Any]] | None = None
+
+    def _sample(self, name: str, w: torch.Tensor) -> torch.Tensor:
+        """Fixed element indices per tensor, drawn from a private generator (the training RNG is not touched)."""
+        if name not in self._samples:
+            g = torch.Generator().manual_seed(self.seed + sum(map(ord, name)))
+            k = min(self.samples_per_tensor, w.numel())
+            self._samples[name] = torch.randperm(w.numel(), generator=g)[:k].sort().values.to(w.device)
+        return self._samples[name]
+
+    @torch.no_grad()
+    def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: Any) -> None:
+        if not self._due:
+            return
+        step = trainer.global_step + 1
+        values: dict[str, torch.Tensor] = {}
+        hists: dict[str, Any] = {}
+        traj: list[Any] = []
+        for name, ql in quantized_weights(backbone(pl_module)):
+            fmt = ql.weight_q.spec.format
+            w = ql.weight.detach()
+            s = ql.weight_q.scale_for(w).detach().float()
+            grid = fmt.values().to(w.device)
+            idx = grid_index(w * s, grid_midpoints(grid), index_dtype(grid.numel()))
+            counts = code_histogram(idx, grid.numel())
+            values[metric_name(self.group, name, "weight", "effective_bits")] = entropy_bits(counts)
+            log2s = log2_stiffness(w, fmt, s).reshape(-1)
+            for stat, v in (("mean", log2s.mean()), ("std", log2s.std()), ("min", log2s.min()),
+                            ("max", log2s.max())):
+                values[metric_name(self.group, name, "weight", f"log2_stiffness_{stat}")] = v
+            if ql.weight.grad is not None:
+                values[metric_name(self.group, name, "weight", "grad_stiffness_corr")] = pearson(
+                    ql.weight.grad.abs(), torch.exp2(log2s))
+            if self.histograms:
+                hists[metric_name(self.group, name, "weight", "codes")] = (counts, grid.numel())
+                hists[metric_name(self.group, name, "weight", "log2_stiffness")] = log2s
+            if self.samples_per_tensor:
+                sample = self._sample(name, w)
+                sidx = idx.reshape(-1)[sample].long()
+                traj.append((step, name, sample, sidx, grid[sidx] / s.expand_as(w).reshape(-1)[sample]))
+        self._pending = (values, hists, traj)
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        if self._pending is None:
+            return
+        values, hists, traj = self._pending
+        self._pending = None
+        metrics = to_floats(values)
+        self.log_scalars(trainer, metrics)
+        bits = [v for k, v in metrics.items() if k.endswith("/effective_bits")]
+        self._bits.extend(bits)
+        self._final_bits = bits
+        self.summarize(pl_module, mean_effective_bits=mean(self._bits), final_effective_bits=mean(self._final_bits))
+        for step, name, sample, sidx, value in traj:
+            for j, (element, code, v) in enumerate(zip(sample.tolist(), sidx.tolist(), value.tolist())):
+                self.trajectories.append([step, name, j, element, code, v])
+        if hists and self.wandb_logger(trainer) is not None:
+            self.log_histograms(trainer, {k: _np_histogram(v) for k, v in hists.items()})
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.log_table(trainer, "bits/code_trajectories", TRAJECTORY_COLUMNS, self.trajectories)
+        if self.csv_path and self.trajectories and trainer.is_global_zero:
+            path = Path(self.csv_path)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(path.suffix + ".tmp")
+            with open(tmp, "w", newline="") as f:
+                writer = csv.writer(f)
+                writer.writerow(TRAJECTORY_COLUMNS)
+                writer.writerows(self.trajectories)
+            os.replace(tmp, path)
+
+
+def _np_histogram(v: Any) -> tuple[list[float], list[float]]:
+    """(counts, edges) for W&B: code counts over integer bins, or 64 bins over a tensor's finite values."""
+    if isinstance(v, tuple):
+        counts, n = v
+        return counts.cpu().float().tolist(), [i - 0.5 for i in range(n + 1)]
+    x = v.detach().float()
+    x = x[torch.isfinite(x)].cpu()
+    if x.numel() == 0:
+        return [0.0], [0.0, 1.0]
+    lo, hi = float(x.min()), float(x.max())
+    hi = hi if hi > lo else lo + 1.0
+    counts = torch.histc(x, bins=64, min=lo, max=hi)
+    return counts.tolist(), torch.linspace(lo, hi, 65).tolist()

@@ -1,0 +1,112 @@
+"""Side passes on the current batch that leave training exactly as it was: probes and shadow passes.
+
+A probe runs the eager backbone on a few sequences of the batch with temporary hooks. Quantizer state (stats,
+amax histories, stochastic-rounding counters: every buffer), the global RNG streams and the train/eval mode are
+restored afterwards, so the next training step computes what it would have computed without the probe.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+from typing import Any
+
+import lightning as L
+import torch
+from torch import nn
+
+from altgrad.quant.fake_quant import GradQuantizer, TensorQuantizer
+
+
+def quantizers(model: nn.Module) -> list[nn.Module]:
+    """Every TensorQuantizer and GradQuantizer inside the model."""
+    return [m for m in model.modules() if isinstance(m, (TensorQuantizer, GradQuantizer))]
+
+
+@contextmanager
+def preserved_quantizer_state(model: nn.Module) -> Iterator[None]:
+    """Snapshot every quantizer buffer and restore it on exit (probes must not advance scaler histories)."""
+    saved = [(b, b.detach().clone()) for q in quantizers(model) for b in q.buffers(recurse=True)]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for buf, copy in saved:
+                buf.copy_(copy)
+
+
+@contextmanager
+def quantization_disabled(model: nn.Module) -> Iterator[None]:
+    """Every quantizer switched to identity (``enabled = False``) inside the block, restored on exit."""
+    qs = quantizers(model)
+    flags = [q.enabled for q in qs]
+    try:
+        for q in qs:
+            q.enabled = False
+        yield
+    finally:
+        for q, flag in zip(qs, flags):
+            q.enabled = flag
+
+
+@contextmanager
+def preserved_rng(device: torch.device) -> Iterator[None]:
+    """Restore the CPU (and the accelerator's) RNG state on exit, so side passes do not shift the training stream."""
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        yield
+
+
+def capture_rng(device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The RNG state a training step starts from (to replay the same dropout masks in a shadow pass)."""
+    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    return torch.get_rng_state(), cuda
+
+
+def restore_rng(state: tuple[torch.Tensor, torch.Tensor | None], device: torch.device) -> None:
+    cpu, cuda = state
+    torch.set_rng_state(cpu)
+    if cuda is not None:
+        torch.cuda.set_rng_state(cuda, device)
+
+
+def split_batch(batch: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(inputs, targets) of a language-model batch: a (x, y) pair, a dict with x/y-like keys, or inputs alone."""
+    if isinstance(batch, (tuple, list)):
+        if len(batch) >= 2:
+            return batch[0], batch[1]
+        return batch[0], None
+    if isinstance(batch, dict):
+        for xk, yk in (("x", "y"), ("idx", "targets"), ("input_ids", "labels"), ("inputs", "targets")):
+            if xk in batch:
+                return batch[xk], batch.get(yk)
+        raise ValueError(f"cannot find inputs in a batch dict with keys {sorted(batch)}; "
+                         "valid: x/y, idx/targets, input_ids/labels, inputs/targets")
+    if isinstance(batch, torch.Tensor):
+        return batch, None
+    raise ValueError(f"cannot read a batch of type {type(batch).__name__}; valid: (x, y) tuple, dict or tensor")
+
+
+def forward_context(trainer: L.Trainer | None) -> Any:
+    """The precision plugin's autocast context, so side passes compute in the training step's precision."""
+    plugin = getattr(trainer, "precision_plugin", None)
+    return nullcontext() if plugin is None else plugin.forward_context()
+
+
+@contextmanager
+def probe(trainer: L.Trainer | None, model: nn.Module) -> Iterator[None]:
+    """Eval mode, no grad, training precision, and quantizer state + RNG restored afterwards."""
+    device = next(model.parameters()).device
+    was_training = model.training
+    try:
+        with preserved_rng(device), preserved_quantizer_state(model), torch.no_grad(), forward_context(trainer):
+            model.eval()
+            yield
+    finally:
+        model.train(was_training)
+
+
+def probe_inputs(batch: Any, max_sequences: int) -> torch.Tensor:
+    """The first ``max_sequences`` input sequences of the batch."""
+    x, _ = split_batch(batch)
+    return x[:max_sequences]

@@ -1,0 +1,54 @@
+"""Numerical stability per quantized tensor role: saturation, flush-to-zero, subnormals, NaN/Inf, amax, scale.
+
+Reads the ``stats`` buffer every TensorQuantizer/GradQuantizer refreshes on each call (no hooks, no syncs in the
+step); adds dynamic-range use of each quantized weight: the octaves its magnitudes span over the format's octaves.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+import torch
+
+from altgrad.callbacks.base import Instrument, backbone, metric_name, quantized_weights, quantizer_roles, to_floats
+from altgrad.diagnostics import range_use
+from altgrad.quant import STAT_NAMES
+
+
+class StabilityCallback(Instrument):
+    """Logs ``stability/<layer>/<role>/<stat>`` for every stat in STAT_NAMES, and ``.../weight/range_use``."""
+
+    group = "stability"
+
+    def __init__(self, every_n_steps: int = 10, range_use: bool = True) -> None:
+        super().__init__(every_n_steps)
+        self.range_use = range_use
+        self._max: dict[str, float] = {}
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        if not self._due:
+            return
+        model = backbone(pl_module)
+        values: dict[str, torch.Tensor] = {}
+        for layer, role, q in quantizer_roles(model):
+            for stat, v in zip(STAT_NAMES, q.stats.unbind()):
+                values[metric_name(self.group, layer, role, stat)] = v
+        if self.range_use:
+            for layer, ql in quantized_weights(model):
+                values[metric_name(self.group, layer, "weight", "range_use")] = range_use(
+                    ql.weight, ql.weight_q.spec.format)
+        if not values:
+            return
+        metrics = to_floats(values)
+        self.log_scalars(trainer, metrics)
+        for name, v in metrics.items():
+            stat = name.rsplit("/", 1)[1]
+            self._max[stat] = max(self._max.get(stat, float("-inf")), v)
+        self.summarize(pl_module,
+                       max_frac_saturated=self._max.get("frac_saturated"),
+                       max_frac_zero=self._max.get("frac_zero"),
+                       max_frac_subnormal=self._max.get("frac_subnormal"),
+                       max_nonfinite=self._max.get("nonfinite"),
+                       max_range_use=self._max.get("range_use"))

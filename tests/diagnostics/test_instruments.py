@@ -1,0 +1,334 @@
+"""Each instrument on a constructed layer whose answer is known (hooks called in Lightning's order)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from altgrad.callbacks.attention import AttentionCallback
+from altgrad.callbacks.activations import ActivationCallback
+from altgrad.callbacks.bits import BitsCallback
+from altgrad.callbacks.fallback import FallbackCallback
+from altgrad.callbacks.flips import FlipCallback
+from altgrad.callbacks.range_clip import RangeClipCallback
+from altgrad.callbacks.rank import RankCallback
+from altgrad.callbacks.stability import StabilityCallback
+from altgrad.quant import QuantSpec, ScalingSpec, get_format
+from altgrad.quant.layers import QuantLinear
+
+from diag_helpers import RecordingLogger, fake_trainer, tiny_gpt
+
+
+def unscaled(name: str) -> QuantSpec:
+    return QuantSpec(get_format(name), scaling=ScalingSpec(kind="none"))
+
+
+class Holder(nn.Module):
+    """A stand-in LightningModule: ``model`` is the backbone, ``run_summary`` the summary dict."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+        self.run_summary: dict = {}
+
+
+def one_layer(weight: QuantSpec | None, input: QuantSpec | None = None, grad: QuantSpec | None = None,  # noqa: A002
+              shape=(4, 8)) -> tuple[Holder, QuantLinear]:
+    root = nn.Module()
+    root.fc = QuantLinear(nn.Linear(shape[1], shape[0], bias=False), "fc", weight=weight, input=input, grad=grad)
+    return Holder(root), root.fc
+
+
+def run_step(cbs, trainer, module, optimizer, batch=None):
+    """Lightning's hook order around one optimizer step."""
+    for cb in cbs:
+        cb.on_train_batch_start(trainer, module, batch, 0)
+    for cb in cbs:
+        cb.on_before_optimizer_step(trainer, module, optimizer)
+    optimizer.step()
+    trainer.global_step += 1
+    for cb in cbs:
+        cb.on_train_batch_end(trainer, module, None, batch, 0)
+
+
+# -- stability -----------------------------------------------------------------------------------------------------
+def test_stability_reports_exactly_k_saturating_values():
+    module, fc = one_layer(weight=None, input=unscaled("e4m3"))
+    x = torch.full((5, 8), 3.0)
+    x[0, :3] = 1000.0  # three values above e4m3's max 448
+    x[1, 0] = float("nan")
+    fc(x)
+    logger = RecordingLogger()
+    trainer = fake_trainer(logger)
+    cb = StabilityCallback(every_n_steps=1)
+    cb.on_train_batch_start(trainer, module, None, 0)
+    trainer.global_step = 1
+    cb.on_train_batch_end(trainer, module, None, None, 0)
+    got = logger.last()
+    assert got["stability/fc/input/frac_saturated"] == pytest.approx(3 / 40)
+    assert got["stability/fc/input/nonfinite"] == 1.0
+    assert got["stability/fc/input/amax"] == 1000.0
+    assert module.run_summary["diagnostics"]["max_frac_saturated"] == pytest.approx(3 / 40)
+
+
+def test_stability_range_use_of_a_weight():
+    module, fc = one_layer(weight=unscaled("e4m3"))
+    with torch.no_grad():
+        fc.weight.copy_(torch.tensor([1.0, 2.0, 4.0, 8.0]).repeat(8, 1).T)  # 1 … 8: three octaves
+    logger = RecordingLogger()
+    trainer = fake_trainer(logger)
+    cb = StabilityCallback(every_n_steps=1)
+    cb.on_train_batch_start(trainer, module, None, 0)
+    cb.on_train_batch_end(trainer, module, None, None, 0)
+    assert logger.last()["stability/fc/weight/range_use"] == pytest.approx(3 / (math.log2(448) + 9))
+
+
+# -- flips ---------------------------------------------------------------------------------------------------------
+def test_an_update_flips_exactly_these_codes():
+    # e0m7 without scaling: a uniform grid of spacing 2^-7 on [-127/128, 127/128]
+    module, fc = one_layer(weight=unscaled("e0m7"), shape=(2, 4))
+    q = 2.0**-7
+    w0 = torch.tensor([[0.0, 10 * q, 20 * q, 30 * q], [-5 * q, 5 * q, 0.5, -0.5]])
+    step = torch.tensor([[0.7, 0.2, -0.6, 0.0], [1.6, -0.3, 0.0, 0.0]]) * q  # flips: (0,0) (0,2) (1,0)
+    with torch.no_grad():
+        fc.weight.copy_(w0)
+    fc.weight.grad = -step.clone()
+    opt = torch.optim.SGD([fc.weight], lr=1.0)
+    logger = RecordingLogger()
+    trainer = fake_trainer(logger, optimizers=[opt])
+    cb = FlipCallback(every_n_steps=1, oscillation_momentum=1.0)
+    cb.on_train_start(trainer, module)
+    run_step([cb], trainer, module, opt)
+    got = logger.last()
+    assert got["flips/fc/weight/flip_rate"] == pytest.approx(3 / 8)
+    assert got["flips/fc/weight/stall_ratio"] == pytest.approx(1 - 3 / 5)  # five weights received an update
+    applied = torch.tensor([[1.0, 0, -1, 0], [2, 0, 0, 0]]) * q
+    cos = float((step * applied).sum() / (step.norm() * applied.norm()))
+    assert got["flips/fc/weight/descent_cos"] == pytest.approx(cos, rel=1e-5)
+    assert got["flips/fc/weight/oscillation_rate"] == 0.0
+    assert module.run_summary["diagnostics"]["final_flip_rate"] == pytest.approx(3 / 8)
+    # the reverse step undoes every flip: each one reverses its previous direction
+    fc.weight.grad = step.clone()
+    run_step([cb], trainer, module, opt)
+    got = logger.last()
+    assert got["flips/fc/weight/flip_rate"] == pytest.approx(3 / 8)
+    assert got["flips/fc/weight/oscillation_rate"] == pytest.approx(3 / 8)  # momentum 1: this step's share
+    cb.on_train_end(trainer, module)
+
+
+def test_an_oscillating_weight_is_counted_every_step():
+    module, fc = one_layer(weight=unscaled("e0m7"), shape=(1, 2))
+    q = 2.0**-7
+    with torch.no_grad():
+        fc.weight.copy_(torch.tensor([[0.0, 0.0]]))
+    opt = torch.optim.SGD([fc.weight], lr=1.0)
+    logger = RecordingLogger()
+    trainer = fake_trainer(logger, optimizers=[opt])
+    cb = FlipCallback(every_n_steps=1, oscillation_momentum=0.5)
+    cb.on_train_start(trainer, module)
+    rates = []
+    for t in range(6):
+        sign = 1.0 if t % 2 == 0 else -1.0
+        fc.weight.grad = torch.tensor([[-sign * q, -q]])  # weight 0 goes up/down; weight 1 walks up
+        run_step([cb], trainer, module, opt)
+        rates.append(logger.last()["flips/fc/weight/oscillation_rate"])
+    # per-step reversal share: 0 then 1/2 every step; debiased EMA(0.5) of [0, .5, .5, ...]
+    shares = [0.0] + [0.5] * 5
+    ema, expected = 0.0, []
+    for i, s in enumerate(shares, 1):
+        ema = 0.5 * ema + 0.5 * s
+        expected.append(ema / (1 - 0.5**i))
+    assert rates == pytest.approx(expected)
+    cb.on_train_end(trainer, module)
+
+
+# -- bits ----------------------------------------------------------------------------------------------------------
+def test_effective_bits_of_a_tensor_using_four_codes_equally_is_two():
+    module, fc = one_layer(weight=unscaled("e4m3"), shape=(4, 8))
+    with torch.no_grad():
+        fc.weight.copy_(torch.tensor([0.5, 1.0, -2.0, 4.0]).repeat(8, 1).T)
+    fc.weight.grad = fc.weight.detach().abs() * 3  # |g| ∝ |w| ∝ S within an octave-aligned grid
+    logger = RecordingLogger()
+    trainer = fake_trainer(logger)
+    cb = BitsCallback(every_n_steps=1, samples_per_tensor=3)
+    cb.on_train_batch_start(trainer, module, None, 0)
+    cb.on_before_optimizer_step(trainer, module, None)
+    trainer.global_step = 1
+    cb.on_train_batch_end(trainer, module, None, None, 0)
+    got = logger.last()
+    assert got["bits/fc/weight/effective_bits"] == pytest.approx(2.0)
+    # ulp at 2^k with M = 3 is 2^(k-3): log2 S = -4, -3, -2, -1
+    assert got["bits/fc/weight/log2_stiffness_mean"] == pytest.approx(-2.5)
+    assert got["bits/fc/weight/log2_stiffness_min"] == -4.0
+    assert got["bits/fc/weight/log2_stiffness_max"] == -1.0
+    assert got["bits/fc/weight/grad_stiffness_corr"] == pytest.approx(1.0)
+    assert len(cb.trajectories) == 3
+    grid = get_format("e4m3").values()
+    for step, layer, _, element, code, value in cb.trajectories:
+        assert (step, layer) == (1, "fc")
+        assert grid[code].item() == value == fc.weight.reshape(-1)[element].item()
+    assert module.run_summary["diagnostics"]["mean_effective_bits"] == pytest.approx(2.0)
+
+
+# -- rank ----------------------------------------------------------------------------------------------------------
+def test_rank_relative_to_step_zero():
+    root = nn.Module()
+    root.fc = nn.Linear(6, 6, bias=False)
+    with torch.no_grad():
+        root.fc.weight.copy_(torch.diag(torch.tensor([2.0, 2.0, 2.0, 0.0, 0.0, 0.0])))
+    module = Holder(root)
+    logger = RecordingLogger()
+    trainer = fake_trainer(logger)
+    cb = RankCallback(every_n_steps=1)
+    cb.on_train_start(trainer, module)
+    with torch.no_grad():
+        root.fc.weight[0, 0] = 4.0  # σ = 4, 2, 2
+    cb.on_train_batch_start(trainer, module, None, 0)
+    cb.on_train_batch_end(trainer, module, None, None, 0)
+    got = logger.last()
+    assert got["rank/fc/weight/stable_rank"] == pytest.approx(1.5)
+    assert got["rank/fc/weight/stable_rank_rel"] == pytest.approx(0.5)
+    p = torch.tensor([0.5, 0.25, 0.25])
+    assert got["rank/fc/weight/eff_rank_rel"] == pytest.approx(math.exp(-(p * p.log()).sum().item()) / 3, rel=1e-5)
+    restored = RankCallback()
+    restored.load_state_dict(cb.state_dict())
+    assert restored.reference == cb.reference
+
+
+# -- attention and activations ---------------------------------------------------------------------------------------
+def test_attention_with_zero_queries_is_uniform_over_the_causal_window():
+    model = tiny_gpt(fmt=None)
+    c = model.config.n_embd
+    with torch.no_grad():
+        for block in model.transformer.h:
+            block.attn.c_attn.weight[:c].zero_()  # q = 0: every key scores the same
+    module = Holder(model)
+    logger = RecordingLogger()
+    trainer = fake_trainer(logger)
+    cb = AttentionCallback(every_n_steps=1)
+    cb.on_train_batch_start(trainer, module, None, 0)
+    x = torch.randint(0, 32, (3, 8))
+    cb.on_train_batch_end(trainer, module, None, (x, x), 0)
+    got = logger.last()
+    expected = sum(math.log(t) for t in range(1, 9)) / 8
+    names = [f"attn/transformer.h.{i}.attn/head{k}/entropy" for i in range(2) for k in range(2)]
+    assert sorted(got) == sorted(names)
+    for name in names:
+        assert got[name] == pytest.approx(expected, rel=1e-5)
+
+
+def test_dead_units_and_kurtosis_on_a_probe():
+    model = tiny_gpt(fmt=None, bias=True)
+    hidden = 4 * model.config.n_embd
+    with torch.no_grad():
+        for block in model.transformer.h:
+            block.mlp.c_fc.weight.zero_()
+            block.mlp.c_fc.bias.fill_(1.0)
+            block.mlp.c_fc.bias[:5] = -1.0  # five units never fire
+    module = Holder(model)
+    logger = RecordingLogger()
+    trainer = fake_trainer(logger)
+    cb = ActivationCallback(every_n_steps=1, max_sequences=2)
+    x = torch.randint(0, 32, (4, 8))
+    seen = {}
+    handle = model.transformer.h[1].register_forward_hook(lambda m, i, o: seen.setdefault("out", o.detach()))
+    cb.on_train_batch_start(trainer, module, None, 0)
+    cb.on_train_batch_end(trainer, module, None, (x, x), 0)
+    handle.remove()
+    got = logger.last()
+    assert got["act/transformer.h.0.mlp.c_fc/output/dead_frac"] == pytest.approx(5 / hidden)
+    out = seen["out"]
+    assert out.shape[0] == 2  # only the probe's sequences
+    c = out - out.mean()
+    assert got["act/transformer.h.1/output/kurtosis"] == pytest.approx(((c**4).mean() / (c**2).mean() ** 2).item())
+    assert "act/lm_head/input/kurtosis" in got
+    assert module.run_summary["diagnostics"]["max_kurtosis"] >= got["act/transformer.h.1/output/kurtosis"]
+
+
+def test_probes_leave_quantizer_state_and_rng_untouched():
+    model = tiny_gpt(fmt={"name": "e4m3", "grad": "e5m2", "rounding": "stochastic",
+                          "scaling": {"kind": "delayed", "pow2": True}})
+    x = torch.randint(0, 32, (2, 8))
+    model(x)  # fill the amax histories
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    module = Holder(model)
+    trainer = fake_trainer(RecordingLogger())
+    torch.manual_seed(123)
+    for cb in (ActivationCallback(every_n_steps=1), AttentionCallback(every_n_steps=1)):
+        cb.on_train_batch_start(trainer, module, None, 0)
+        cb.on_train_batch_end(trainer, module, None, (x, x), 0)
+    after_rng = torch.rand(3)
+    torch.manual_seed(123)
+    assert torch.equal(after_rng, torch.rand(3))
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k]), k
+    assert model.training
+
+
+# -- range clipping and fallback -------------------------------------------------------------------------------------
+def test_range_clip_clips_to_the_grad_format_range():
+    module, fc = one_layer(weight=None, grad=QuantSpec(get_format("e4m3"), scaling=ScalingSpec(kind="tensor")),
+                           shape=(2, 2))
+    fc.grad_q.stats[-1] = 4.0  # scale used for grad_output in the last backward
+    fc.weight.grad = torch.tensor([[100.0, -200.0], [500.0, 3.0]])
+    logger = RecordingLogger()
+    trainer = fake_trainer(logger)
+    cb = RangeClipCallback(enabled=True, margin=1, every_n_steps=1)  # limit = 448 / 2 / 4 = 56
+    cb.on_train_batch_start(trainer, module, None, 0)
+    cb.on_before_optimizer_step(trainer, module, None)
+    cb.on_train_batch_end(trainer, module, None, None, 0)
+    assert fc.weight.grad.tolist() == [[56.0, -56.0], [56.0, 3.0]]
+    assert logger.last()["clip/fc/grad/clipped"] == 3.0
+    assert module.run_summary["diagnostics"]["clip_events"] == 3.0
+    off = RangeClipCallback()
+    fc.weight.grad = torch.tensor([[100.0, -200.0], [500.0, 3.0]])
+    off.on_before_optimizer_step(trainer, module, None)
+    assert fc.weight.grad[1, 0] == 500.0
+
+
+def test_fallback_widens_a_persistently_saturating_role():
+    module, fc = one_layer(weight=None, input=unscaled("e4m3"))
+    logger = RecordingLogger()
+    trainer = fake_trainer(logger)
+    cb = FallbackCallback(enabled=True, check_every_n_steps=1, patience=3, overflow_format="e5m2")
+    big = torch.full((2, 8), 1000.0)
+    for step in range(1, 4):
+        fc(big)
+        trainer.global_step = step
+        cb.on_train_batch_end(trainer, module, None, None, 0)
+        assert (fc.input_q.spec.format.name == "e5m2") == (step == 3)
+    assert module.run_summary["fallbacks"] == [
+        {"step": 3, "layer": "fc", "role": "input", "reason": "overflow", "from": "e4m3", "to": "e5m2"}]
+    assert logger.last()["fallback/fc/input/switched"] == 1.0
+    fc(big)
+    assert fc.input_q.stats[0].item() == 0.0  # 1000 fits e5m2: nothing saturates any more
+
+
+def test_fallback_refuses_a_narrower_target_and_is_off_by_default():
+    module, fc = one_layer(weight=None, input=unscaled("e5m2"))
+    trainer = fake_trainer(RecordingLogger())
+    big = torch.full((2, 8), 1e6)
+    for cb in (FallbackCallback(), FallbackCallback(enabled=True, check_every_n_steps=1, patience=1,
+                                                    overflow_format="e4m3")):
+        fc(big)
+        trainer.global_step += 1
+        cb.on_train_batch_end(trainer, module, None, None, 0)
+    assert fc.input_q.spec.format.name == "e5m2"
+    assert "fallbacks" not in module.run_summary
+
+
+@pytest.mark.parametrize("cls,kw", [(StabilityCallback, {"every_n_steps": 0}), (FlipCallback, {"oscillation_momentum": 0}),
+                                    (BitsCallback, {"samples_per_tensor": -1}),
+                                    (FallbackCallback, {"patience": 0}), (ActivationCallback, {"max_sequences": 0})])
+def test_bad_settings_fail_with_a_clear_message(cls, kw):
+    with pytest.raises(ValueError, match="valid"):
+        cls(**kw)
+
+
+def test_fallback_rejects_an_unknown_format():
+    with pytest.raises(ValueError):
+        FallbackCallback(overflow_format="e9m9")
+
