@@ -22,7 +22,8 @@ class Benefit:
     treatment: Cell
     baseline: Cell
     diff: PairedDifference
-    lr_choices: int
+    treatment_lrs: int
+    baseline_lrs: int
     baseline_fallback: bool
 
     @property
@@ -66,8 +67,7 @@ def ulp_benefits(cells: Sequence[Cell]) -> list[Benefit]:
                 continue
             treatment = best_lr_cell(label_cells)
             diff = paired_difference(treatment.losses_by_seed(), baseline.losses_by_seed())
-            lr_choices = max(len(label_cells), len(baselines))
-            out.append(Benefit(treatment, baseline, diff, lr_choices, fallback))
+            out.append(Benefit(treatment, baseline, diff, len(label_cells), len(baselines), fallback))
     return sorted(out, key=lambda b: sort_key(dict(b.treatment.key)))
 
 

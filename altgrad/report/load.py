@@ -169,23 +169,34 @@ def load_job(path: Path, name: str) -> Job:
 
 def load_sweeps(roots: Sequence[str | os.PathLike[str]]) -> Sweep:
     """Load every job under the given sweep folders. Raises ValueError for a missing folder or one with no jobs."""
-    paths = tuple(Path(r) for r in roots)
+    paths = tuple({Path(r).resolve(): Path(r) for r in roots}.values())  # the same folder twice counts once
     if not paths:
         raise ValueError("no sweep folder given; pass a Hydra multirun folder such as multirun/DATE/TIME")
-    jobs: list[Job] = []
     for root in paths:
         if not root.is_dir():
             raise ValueError(f"sweep folder {str(root)!r} does not exist or is not a folder; pass a Hydra "
                              "multirun folder (multirun/DATE/TIME) or a single run folder")
+    jobs: list[Job] = []
+    for root, prefix in zip(paths, _distinct_prefixes(paths)):
         dirs = find_job_dirs(root)
         if not dirs:
             raise ValueError(f"no jobs in {str(root)!r}: no folder below it holds summary.json, metrics.csv or "
                              ".hydra/overrides.yaml")
-        prefix = f"{root.name}/" if len(paths) > 1 else ""
         for d in dirs:
             rel = d.relative_to(root).as_posix()
             jobs.append(load_job(d, prefix + (rel if rel != "." else root.name)))
     return Sweep(paths, tuple(jobs))
+
+
+def _distinct_prefixes(paths: Sequence[Path]) -> list[str]:
+    """Job-name prefixes that tell several sweeps apart: the shortest distinct path tails (none for one sweep)."""
+    if len(paths) < 2:
+        return [""] * len(paths)
+    parts = [p.resolve().parts for p in paths]
+    k = 1
+    while len({p[-k:] for p in parts}) < len(parts):  # ends: resolved paths of distinct folders differ
+        k += 1
+    return ["/".join(p[-k:]) + "/" for p in parts]
 
 
 def read_curve(path: Path | None, metric: str) -> list[tuple[int, float]]:

@@ -129,12 +129,15 @@ def plot_diagnostics(cells: Sequence[Cell], names: Sequence[str], path: Path) ->
 
 def plot_format_grids(formats: Sequence[str], path: Path) -> tuple[Path | None, str | None]:
     """Every positive representable value of each format on a log2 axis; (None, why) when it cannot be drawn."""
+    names = sorted(set(formats) - {"fp32"}, key=lambda f: rank(FORMAT_ORDER, f))
+    if not names:
+        return None, "format value grids skipped: no quantized format in the sweep"
     try:
         from altgrad.quant import get_format
     except ImportError as exc:
         return None, f"format value grids skipped: altgrad.quant is not importable ({exc})"
     grids, skipped = [], []
-    for name in sorted(set(formats) - {"fp32"}, key=lambda f: rank(FORMAT_ORDER, f)):
+    for name in names:
         try:
             values = get_format(name).values()
             values = np.asarray(values.detach().cpu() if hasattr(values, "detach") else values, dtype=np.float64)
@@ -146,18 +149,22 @@ def plot_format_grids(formats: Sequence[str], path: Path) -> tuple[Path | None, 
             grids.append((name, np.log2(positive)))
     note = f"formats without a known grid: {', '.join(skipped)}" if skipped else None
     if not grids:
-        return None, note or "format value grids skipped: no quantized format in the sweep"
-    fig = Figure(figsize=(10, 0.45 * len(grids) + 1.2))
-    ax = fig.add_subplot(1, 1, 1)
-    ax.eventplot([g for _, g in grids], lineoffsets=range(len(grids)), linelengths=0.7, linewidths=0.5,
-                 colors="tab:blue")
+        return None, note
+    fig = Figure(figsize=(14, 0.45 * len(grids) + 1.4), layout="constrained")
+    full, zoom = fig.subplots(1, 2, width_ratios=(3, 2))
+    for ax in (full, zoom):
+        ax.eventplot([g for _, g in grids], lineoffsets=range(len(grids)), linelengths=0.7, linewidths=0.5,
+                     colors="tab:blue")
+        ax.set_yticks(range(len(grids)))
+        ax.set_yticklabels([n for n, _ in grids], fontsize=7)
+        ax.invert_yaxis()
+        ax.grid(axis="x", alpha=0.3)
     for y, (name, g) in enumerate(grids):
-        ax.text(g.max() + 0.5, y, f"{g.size} values, 2^{g.min():.0f}…2^{g.max():.1f}", va="center", fontsize=6)
-    ax.set_yticks(range(len(grids)))
-    ax.set_yticklabels([n for n, _ in grids], fontsize=7)
-    ax.invert_yaxis()
-    ax.set_xlabel("log2 of each positive representable value (before scaling)")
-    ax.grid(axis="x", alpha=0.3)
+        full.text(g.max() + 0.5, y, f"{g.size} values, 2^{g.min():.0f}…2^{g.max():.1f}", va="center", fontsize=6)
+    full.set_xlabel("log2 of each positive representable value (before scaling)")
+    # the zoom shows the spacing (values per octave = 2^mantissa bits) where scaled weights live
+    zoom.set_xlim(-4, 4)
+    zoom.set_xlabel("zoom: 2^-4 … 2^4")
     return _save(fig, path), note
 
 

@@ -100,10 +100,14 @@ def attribute_failures(jobs: Iterable[Job], threshold: float = 0.05) -> list[For
         groups.setdefault((job.optimizer_label, job.format, stage_of(job) or "?"), []).append(job)
 
     def fp32_mean(optimizer_label: str) -> float | None:
-        same = [j.final_loss for (opt, fmt, _), js in groups.items() if fmt == "fp32" and opt == optimizer_label
-                for j in js]
-        anyopt = [j.final_loss for (_, fmt, _), js in groups.items() if fmt == "fp32" for j in js]
-        return summarize(same).mean if summarize(same).mean is not None else summarize(anyopt).mean
+        """The fp32 reference: same optimizer if it ran fp32, else any optimizer's fp32 runs."""
+        for same_optimizer in (True, False):
+            losses = [j.final_loss for (opt, fmt, _), js in groups.items() for j in js
+                      if fmt == "fp32" and (opt == optimizer_label or not same_optimizer)]
+            mean = summarize(losses).mean
+            if mean is not None:
+                return mean
+        return None
 
     out = []
     for opt, fmt in sorted({(o, f) for o, f, _ in groups if f != "fp32"}, key=lambda k: (rank(FORMAT_ORDER, k[1]), k[0])):

@@ -70,21 +70,25 @@ def benefit_table(benefits: Sequence[Benefit]) -> str:
     contexts = [b.treatment for b in benefits]
     fields = [f for f in varying_fields(contexts, CONTEXT_FIELDS)] + ["optimizer_label"]
     headers = [FIELD_TITLES.get(f, f) for f in fields] + [
-        "baseline", "pairs", "Δ final loss", "95% CI", "p", "mark", "diverged (opt/adamw)"]
+        "lr", "baseline", "pairs", "Δ final loss", "95% CI", "p", "mark", "diverged (opt/adamw)"]
     rows = []
     for b in benefits:
         base = describe({"optimizer_label": b.baseline["optimizer_label"], "lr": b.baseline["lr"]},
-                        ("optimizer_label", "lr"))
+                        ("optimizer_label", "lr")) + _best_of(b.baseline_lrs)
         if b.baseline_fallback:
             base += " (fp32 master)"
-        if b.lr_choices > 1:
-            base += " · best lr of scan"
         d = b.diff
         rows.append([field_text(f, b.treatment[f]) for f in fields] + [
-            base, d.diff.n, num(d.diff.mean, signed=True), ci_text(d.diff, signed=True),
+            field_text("lr", b.treatment["lr"]) + _best_of(b.treatment_lrs), base, d.diff.n,
+            num(d.diff.mean, signed=True), ci_text(d.diff, signed=True),
             "—" if d.p_value is None else f"{d.p_value:.3g}", d.mark,
             f"{b.treatment.count('diverged')}/{b.baseline.count('diverged')}"])
     return markdown_table(headers, rows)
+
+
+def _best_of(n_lrs: int) -> str:
+    """Marks an lr picked from a scan (the lowest mean final loss among n_lrs learning rates)."""
+    return f" (best of {n_lrs} lrs)" if n_lrs > 1 else ""
 
 
 def divergence_table(jobs: Sequence[Job]) -> str:

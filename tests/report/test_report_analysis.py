@@ -56,13 +56,27 @@ def test_grid_without_on_grid_adamw_falls_back_to_fp32_master(ab_sweep: Path) ->
 def test_benefit_table_rows(ab_sweep: Path) -> None:
     table = benefit_table(ulp_benefits(group_cells(load_sweeps([ab_sweep]).jobs)))
     lines = table.splitlines()
-    assert lines[0].startswith("| format | storage | optimizer | baseline | pairs | Δ final loss | 95% CI |")
-    assert "| e5m2 | fp32 master | manifold[update] | adamw, lr=0.001 | 3 | +2.0000 | [-0.4841, +4.4841] | 0.0742 " \
-           "| n.s. | 0/0 |" in table
-    assert "| e7m0 | fp32 master | manifold[update] | adamw, lr=0.001 | 3 | -0.5000 | [-0.5497, -0.4503] |" in table
-    assert "| e4m3 | on-grid nearest | grid | adamw, lr=0.001 (fp32 master) | 3 | +0.0500 |" in table
-    assert "| e3m4 | fp32 master | manifold[update] | adamw, lr=0.001 | 2 |" in table
+    assert lines[0].startswith("| format | storage | optimizer | lr | baseline | pairs | Δ final loss | 95% CI |")
+    assert "| e5m2 | fp32 master | manifold[update] | 0.3 | adamw, lr=0.001 | 3 | +2.0000 | [-0.4841, +4.4841] " \
+           "| 0.0742 | n.s. | 0/0 |" in table
+    assert "| e7m0 | fp32 master | manifold[update] | 0.3 | adamw, lr=0.001 | 3 | -0.5000 | [-0.5497, -0.4503] |" \
+           in table
+    assert "| e4m3 | on-grid nearest | grid | 0.5 | adamw, lr=0.001 (fp32 master) | 3 | +0.0500 |" in table
+    assert "| e3m4 | fp32 master | manifold[update] | 0.3 | adamw, lr=0.001 | 2 | +0.0000 |" in table
+    assert "| n.s. | 1/0 |" in table  # e3m4: one manifold seed diverged
     assert len(lines) == 2 + 5
+
+
+def test_benefit_takes_each_optimizers_best_lr_of_a_scan(tmp_path: Path) -> None:
+    for seed in range(2):
+        write_job(tmp_path / f"a{seed}", fmt="e4m3", optimizer="adamw", seed=seed, final=3.0 + 0.01 * seed)
+        write_job(tmp_path / f"m{seed}", fmt="e4m3", optimizer="manifold", seed=seed, lr=0.1, final=3.5)
+        write_job(tmp_path / f"n{seed}", fmt="e4m3", optimizer="manifold", seed=seed, lr=0.3,
+                  final=2.9 + 0.02 * seed)
+    (b,) = ulp_benefits(group_cells(load_sweeps([tmp_path]).jobs))
+    assert b.treatment["lr"] == 0.3 and (b.treatment_lrs, b.baseline_lrs) == (2, 1)
+    assert b.diff.diff.mean == pytest.approx(-0.095)
+    assert "| 0.3 (best of 2 lrs) | adamw, lr=0.001 | 2 | -0.0950 |" in benefit_table([b])
 
 
 def test_cell_table_rows(ab_sweep: Path) -> None:

@@ -6,6 +6,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from report_synthetic import write_job
 
 from altgrad.report.load import load_sweeps, read_curve
 
@@ -50,6 +51,15 @@ def test_nested_and_multiple_sweeps(ab_sweep: Path, stage_sweep: Path) -> None:
     both = load_sweeps([ab_sweep, stage_sweep])
     assert len(both.jobs) == 29 + 14
     assert {j.name.split("/")[0] for j in both.jobs} == {"ab", "stages"}
+
+
+def test_sweeps_with_the_same_folder_name_are_told_apart(tmp_path: Path) -> None:
+    for day in ("2025-01-01", "2025-01-02"):
+        write_job(tmp_path / day / "12-00-00" / "0", fmt="e4m3", optimizer="adamw", seed=0, final=3.0)
+    a, b = tmp_path / "2025-01-01" / "12-00-00", tmp_path / "2025-01-02" / "12-00-00"
+    names = [j.name for j in load_sweeps([a, b]).jobs]
+    assert names == ["2025-01-01/12-00-00/0", "2025-01-02/12-00-00/0"]
+    assert len(load_sweeps([a, a / ".." / "12-00-00"]).jobs) == 1  # one folder given twice is read once
 
 
 def test_single_run_dir_is_one_job(ab_sweep: Path) -> None:
