@@ -21,6 +21,7 @@ dtype; a format wider than the dtype (e.g. fp16 on a bf16 tensor) is rounded twi
 from __future__ import annotations
 
 import math
+import struct
 
 import torch
 
@@ -43,7 +44,8 @@ _P_SHIFT, _P_LOW, _P_HALF, _P_LSB, _P_FLIP, _P_EMIN32, _P_MCUT, _P_MAX, _P_OVF, 
 
 
 def _f32_bits(v: float) -> int:
-    return int(torch.tensor(v, dtype=torch.float32).view(torch.int32))
+    """The float32 bit pattern of v as a signed int32 value (v must be exactly representable)."""
+    return struct.unpack("<i", struct.pack("<f", v))[0]
 
 
 def _params(fmt: FloatFormat, rounding: str, overflow: str) -> list[int]:
@@ -191,6 +193,8 @@ def check_modes(rounding: str, overflow: str) -> None:
 
 def kernel_params(fmt: FloatFormat, rounding: str, overflow: str, device: torch.device) -> torch.Tensor:
     """The int32 parameter tensor of (format, modes), cached per device so calls never copy host → device."""
+    if torch.compiler.is_compiling():  # traced into the caller's graph as a constant; no cache mutation there
+        return torch.tensor(_params(fmt, rounding, overflow), dtype=torch.int32, device=device)
     key = (fmt, rounding, overflow, torch.device(device))
     p = _PARAMS.get(key)
     if p is None:

@@ -40,11 +40,13 @@ _fused_stats = fused(_stats)
 def quant_stats(x: torch.Tensor, y: torch.Tensor, fmt: FloatFormat, scale: torch.Tensor | None = None,
                 compiled: bool = True) -> torch.Tensor:
     """STAT_NAMES values for input x, its fake-quantized y (= q(x·s)/s) and the scale s (None = 1)."""
-    key = (fmt, x.device)
-    consts = _CONSTS.get(key)
-    if consts is None:
-        consts = _CONSTS[key] = torch.tensor([fmt.max, math.ldexp(1.0, fmt.emin)], dtype=torch.float32,
-                                             device=x.device)
+    values = [fmt.max, math.ldexp(1.0, fmt.emin)]
+    if torch.compiler.is_compiling():  # a graph constant; no cache mutation inside a traced region
+        consts = torch.tensor(values, dtype=torch.float32, device=x.device)
+    else:
+        consts = _CONSTS.get((fmt, x.device))
+        if consts is None:
+            consts = _CONSTS[(fmt, x.device)] = torch.tensor(values, dtype=torch.float32, device=x.device)
     if scale is None:
         scale = torch.ones((), dtype=torch.float32, device=x.device)
     with torch.no_grad():
