@@ -11,16 +11,17 @@ import torch
 def cosine(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """Cosine of the angle between a and b, flattened (0-d float32 tensor; no host sync).
 
-    Two all-zero tensors agree perfectly (1); one all-zero tensor against a nonzero one has no direction (0).
+    Accumulated in float64, so identical tensors give exactly 1 after rounding to float32. Two all-zero tensors
+    agree perfectly (1); one all-zero tensor against a nonzero one has no direction (0).
     """
-    a = a.detach().reshape(-1).float()
-    b = b.detach().reshape(-1).float()
+    a = a.detach().reshape(-1).double()
+    b = b.detach().reshape(-1).double()
     na, nb = torch.linalg.vector_norm(a), torch.linalg.vector_norm(b)
     dot = torch.dot(a, b)
     both_zero = (na == 0) & (nb == 0)
     denom = na * nb
     value = torch.where(denom > 0, dot / torch.where(denom > 0, denom, torch.ones_like(denom)), torch.zeros_like(dot))
-    return torch.where(both_zero, torch.ones_like(value), value.clamp(-1.0, 1.0))
+    return torch.where(both_zero, torch.ones_like(value), value.clamp(-1.0, 1.0)).float()
 
 
 def snr_db(reference: torch.Tensor, measured: torch.Tensor) -> torch.Tensor:

@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 
 @pytest.fixture(autouse=True)
-def _eager_quant(monkeypatch):
-    """Eager quantization kernels: the same numbers as compiled ones, without minutes of compilation on CPU."""
+def _fast_cpu(monkeypatch):
+    """Eager quantization kernels (same numbers, no minutes of compilation on CPU) and one intra-op thread
+    (the tiny tensors here only lose time to thread hand-offs on a shared machine); restored afterwards."""
     monkeypatch.setenv("ALTGRAD_COMPILE", "0")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
