@@ -77,17 +77,26 @@ def test_format_grids_with_and_without_quant(tmp_path: Path, monkeypatch: pytest
     assert png is None and note.startswith("format value grids skipped: altgrad.quant is not importable")
 
 
-def test_partial_sweep_without_any_completed_job(tmp_path: Path) -> None:
+def test_partial_sweep_of_broken_jobs_still_renders(tmp_path: Path) -> None:
     sweep = tmp_path / "sweep"
     write_job(sweep / "0", fmt="e4m3", optimizer="adamw", seed=0, final=None, status="failed", metrics=False,
               error="ValueError: bad config")
     (sweep / "1" / ".hydra").mkdir(parents=True)
     (sweep / "1" / ".hydra" / "overrides.yaml").write_text("- format=e5m2\n")
+    odd = {"2": "[1, 2]", "3": '{"status": "running"}',
+           "4": '{"status": "completed", "final_val_loss": "nan", "lr": "abc", "seed": "x", "diagnostics": [1],'
+                ' "config": 5, "format": 7}'}
+    for name, text in odd.items():
+        (sweep / name).mkdir()
+        (sweep / name / "summary.json").write_text(text)
+    (sweep / "4" / "layer_map.json").write_text("not json")
+    (sweep / "4" / "metrics.csv").write_text("step,val/loss\n1,2.5\nx,y\n")
     report = write_report([sweep])
     assert report == sweep / "report.md"
     text = report.read_text()
-    assert "**Insufficient evidence:**" in text and "2 jobs — 1 failed, 1 missing" in text
-    assert "ValueError: bad config" in text and "_No job logged val/loss in metrics.csv._" in text
+    assert "**Insufficient evidence:**" in text and "5 jobs — 1 completed, 1 failed, 1 missing, 2 corrupt" in text
+    assert "ValueError: bad config" in text and "summary.json holds list, not an object" in text
+    assert "status 'running' is not one of completed, diverged, failed" in text
 
 
 def test_cli_subprocess_writes_into_the_sweep_dir(tmp_path: Path) -> None:
