@@ -4,7 +4,8 @@
 - ``grads/<layer>/weight/zero_update_frac``: share of weights the step (and the storage policy) left unchanged;
 - ``gradfid/<layer>/grad/{cosine,snr_db}`` every ``fidelity_every_n_steps``: the same batch is run again with every
   TensorQuantizer/GradQuantizer switched off (eager backbone, same precision context, same RNG state as the
-  training step, so dropout masks match when nothing else draws random numbers), and each layer's weight gradient
+  training step, so dropout masks match when nothing else draws random numbers; a compiled model runs eagerly
+  and is not recompiled), and each layer's weight gradient
   from the training step is compared with the unquantized one. The shadow gradients come from
   ``torch.autograd.grad``, so ``.grad``, the optimizer, the data stream, the RNG streams and quantizer state are
   left exactly as they were.
@@ -23,6 +24,7 @@ from torch import nn
 from altgrad.callbacks.base import Instrument, backbone, finite, linear_layers, mean, metric_name, to_floats
 from altgrad.callbacks.probe import (
     capture_rng,
+    eager,
     forward_context,
     preserved_quantizer_state,
     preserved_rng,
@@ -34,16 +36,16 @@ from altgrad.diagnostics import cosine, snr_db
 
 
 def lm_loss(pl_module: L.LightningModule, model: nn.Module, batch: Any) -> torch.Tensor:
-    """The training loss of ``batch`` computed through ``model``: the module's own ``loss`` if it has one
-    (``loss(logits, targets)``), else next-token cross-entropy of the model's logits."""
+    """The training loss of ``batch``: the module's own ``loss(batch)`` (AltGradModule has one), else next-token
+    cross-entropy of ``model``'s logits."""
+    loss_fn = getattr(pl_module, "loss", None)
+    if callable(loss_fn):
+        return loss_fn(batch)
     x, y = split_batch(batch)
     if y is None:
         raise ValueError("gradient fidelity needs (inputs, targets) batches; got a batch without targets")
     logits = model(x)
-    loss_fn = getattr(pl_module, "loss", None)
-    if callable(loss_fn):
-        return loss_fn(logits, y)
-    return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), y.reshape(-1), ignore_index=-1)
+    return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), y.reshape(-1))
 
 
 def shadow_gradients(trainer: L.Trainer | None, pl_module: L.LightningModule, batch: Any,
@@ -51,7 +53,7 @@ def shadow_gradients(trainer: L.Trainer | None, pl_module: L.LightningModule, ba
     """∂L/∂p for ``params`` on ``batch`` with quantization off; nothing of the training state changes."""
     model = backbone(pl_module)
     device = next(model.parameters()).device
-    with preserved_rng(device), preserved_quantizer_state(model), quantization_disabled(model):
+    with eager(), preserved_rng(device), preserved_quantizer_state(model), quantization_disabled(model):
         if rng_state is not None:
             restore_rng(rng_state, device)
         with torch.enable_grad(), forward_context(trainer):

@@ -1,8 +1,9 @@
 """Side passes on the current batch that leave training exactly as it was: probes and shadow passes.
 
-A probe runs the eager backbone on a few sequences of the batch with temporary hooks. Quantizer state (stats,
-amax histories, stochastic-rounding counters: every buffer), the global RNG streams and the train/eval mode are
-restored afterwards, so the next training step computes what it would have computed without the probe.
+A probe runs the backbone eagerly (``torch.compiler.set_stance("force_eager")``: a compiled model is neither
+recompiled nor graph-broken by the temporary hooks or by switched-off quantizers) on a few sequences of the batch.
+Quantizer state (stats, amax histories: every buffer), the global RNG streams and the train/eval mode are restored
+afterwards, so the next training step computes what it would have computed without the probe.
 """
 
 from __future__ import annotations
@@ -93,13 +94,19 @@ def forward_context(trainer: L.Trainer | None) -> Any:
     return nullcontext() if plugin is None else plugin.forward_context()
 
 
+def eager() -> Any:
+    """Run compiled code eagerly inside the block (no compilation, no recompilation, no guards)."""
+    return torch.compiler.set_stance("force_eager")
+
+
 @contextmanager
 def probe(trainer: L.Trainer | None, model: nn.Module) -> Iterator[None]:
-    """Eval mode, no grad, training precision, and quantizer state + RNG restored afterwards."""
+    """Eager, eval mode, no grad, training precision; quantizer state, RNG and mode restored afterwards."""
     device = next(model.parameters()).device
     was_training = model.training
     try:
-        with preserved_rng(device), preserved_quantizer_state(model), torch.no_grad(), forward_context(trainer):
+        with (eager(), preserved_rng(device), preserved_quantizer_state(model), torch.no_grad(),
+              forward_context(trainer)):
             model.eval()
             yield
     finally:

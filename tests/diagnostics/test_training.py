@@ -174,3 +174,15 @@ def test_a_healthy_run_is_not_flagged(tmp_path):
     trainer = fit(module, [DivergenceCallback(factor=3.0, patience=2)], 8, tmp_path)
     assert trainer.global_step == 8
     assert "status" not in module.run_summary
+
+
+def test_instruments_add_no_graph_breaks_or_recompiles_to_a_compiled_model(tmp_path):
+    import torch._dynamo
+
+    model = tiny_gpt(fmt=E4M3)
+    model.compile(backend="eager", fullgraph=True)  # fullgraph: any graph break is an error
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        trainer = fit(TinyLM(model), every_instrument(), 4, tmp_path)
+    assert trainer.global_step == 4
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
