@@ -11,7 +11,7 @@ from altgrad.report.benefit import stability_thresholds, ulp_benefits
 from altgrad.report.cells import group_cells
 from altgrad.report.findings import findings
 from altgrad.report.load import load_sweeps
-from altgrad.report.stages import attribute_failures, is_failure_stage
+from altgrad.report.stages import attribute_failures
 
 REPORT_NAME = "report.md"
 
@@ -28,7 +28,8 @@ def write_report(sweep_dirs: Sequence[str | os.PathLike[str]], out_dir: str | os
     out.mkdir(parents=True, exist_ok=True)
 
     cells = group_cells(sweep.jobs)
-    main_cells = [c for c in cells if not any(is_failure_stage(j) for j in c.jobs)]
+    main_cells = [c for c in cells if c["stage"] is None]  # stage is set for failure_stage jobs only
+    stage_cells = [c for c in cells if c["stage"] is not None]
     benefits = ulp_benefits(cells)
     attributions = attribute_failures(sweep.jobs, threshold)
     thresholds = stability_thresholds(cells)
@@ -36,7 +37,6 @@ def write_report(sweep_dirs: Sequence[str | os.PathLike[str]], out_dir: str | os
     not_completed = [j for j in sweep.jobs if j.state != "completed"]
     diag_names = tables.diagnostic_names(cells)
 
-    stage_cells = [c for c in cells if c not in main_cells]
     val_png = plots.plot_val_loss(main_cells, out / "val_loss.png")
     stage_val_png = plots.plot_val_loss(stage_cells, out / "val_loss_failure_stage.png",
                                         title="Validation loss per failure stage")
@@ -91,11 +91,11 @@ def write_report(sweep_dirs: Sequence[str | os.PathLike[str]], out_dir: str | os
         parts += ["_No failure_stage jobs in these sweeps._", ""]
     parts += ["## Why: update stalls, flips, gradient fidelity, effective bits", ""]
     if diag_names:
-        parts += [tables.diagnostics_table(cells), "", _figure(diag_png, "diagnostics per format", ""), ""]
+        parts += [tables.diagnostics_table(cells), "", _figure(diag_png, "diagnostics per format", "No diagnostics to plot."), ""]
     else:
         parts += ["_No diagnostics in the summaries._", ""]
     parts += ["Format value grids (every positive representable value):", "",
-              _figure(grid_png, "format value grids", grid_note or ""), ""]
+              _figure(grid_png, "format value grids", grid_note or "No format grid to draw."), ""]
     if grid_png is not None and grid_note:
         parts += [f"_{grid_note}_", ""]
     parts += ["## Configuration vs final loss", "",

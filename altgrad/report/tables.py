@@ -68,7 +68,7 @@ def cell_table(cells: Sequence[Cell]) -> str:
 def benefit_table(benefits: Sequence[Benefit]) -> str:
     """Δ final loss (optimizer − AdamW) per format, paired by seed, with 95% CI, p-value and mark."""
     contexts = [b.treatment for b in benefits]
-    fields = [f for f in varying_fields(contexts, CONTEXT_FIELDS)] + ["optimizer_label"]
+    fields = varying_fields(contexts, CONTEXT_FIELDS) + ["optimizer_label"]
     headers = [FIELD_TITLES.get(f, f) for f in fields] + [
         "lr", "baseline", "pairs", "Δ final loss", "95% CI", "p", "mark", "diverged (opt/adamw)"]
     rows = []
