@@ -112,12 +112,15 @@ class TensorQuantizer(nn.Module):
         return torch.ones((), dtype=torch.float32, device=x.device) if s is None else s
 
     @torch.no_grad()
-    def project_(self, w: torch.Tensor, rounding: str | None = None) -> torch.Tensor:
-        """Put w itself on the grid {v / s} in place (weights stored without an fp32 master); returns w."""
+    def project_(self, w: torch.Tensor, rounding: str | None = None, seed: int | None = None) -> torch.Tensor:
+        """Put w itself on the grid {v / s} in place (weights stored without an fp32 master); returns w.
+
+        Stochastic rounding draws from ``seed`` when given (reproducible storage), else from torch's default RNG.
+        """
         spec = self.spec
         rounding = rounding or spec.rounding
         scale = self._scale(w, update=False)
-        seed = draw_seed(w.device) if rounding == "stochastic" else None
+        seed = draw_seed(w.device, seed=seed) if rounding == "stochastic" else None
         w.copy_(quantize_scaled(w, spec.format, scale, rounding, spec.overflow, seed=seed))
         return w
 
