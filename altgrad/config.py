@@ -1,0 +1,385 @@
+"""Structured-config schemas for `conf/train.yaml` and a start-up check that names the bad key, value and valid choices.
+
+Hydra composes plain YAML; `validate(cfg)` merges each section into its dataclass schema (types, unknown keys) and
+builds the dataclass (ranges and choices in `__post_init__`). Any problem becomes one `ConfigError` line, e.g.
+``trainer.max_steps='abc' is invalid: expected an integer``. Sections other workers extend (format, layer_map,
+optimizer, quant) check the keys they rely on and accept extra ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import (
+    ConfigKeyError,
+    InterpolationResolutionError,
+    MissingMandatoryValue,
+    OmegaConfBaseException,
+    ValidationError,
+)
+
+
+class ConfigError(ValueError):
+    """A configuration value that cannot work; the message is one line naming the key, the value and what is valid."""
+
+
+def _choice(key: str, value: Any, valid: typing.Iterable[Any]) -> None:
+    valid = list(valid)
+    if value not in valid:
+        raise ConfigError(f"{key}={value!r} is not valid; valid: {', '.join(map(str, valid))}")
+
+
+def _check(ok: bool, key: str, value: Any, expected: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key}={value!r} is invalid: expected {expected}")
+
+
+def valid_formats() -> list[str]:
+    """Format names `format.name` may take: the quantization presets plus `fp32` (no quantization)."""
+    try:
+        from altgrad.quant import list_formats
+    except ImportError:  # the quantization core is optional for the plain fp32 bench
+        return ["fp32"]
+    return sorted(set(list_formats()) | {"fp32"})
+
+
+def valid_tokenizers() -> list[str]:
+    """`bytes` (the built-in byte-level encoding) and every encoding tiktoken knows by name."""
+    import tiktoken
+
+    return ["bytes", *sorted(tiktoken.list_encoding_names())]
+
+
+# --- schemas ---------------------------------------------------------------------------------------------------
+@dataclass
+class ModelSchema:
+    """`model=` group: GPT shape; vocab_size null takes the tokenizer's vocabulary."""
+
+    name: str = MISSING
+    block_size: int = 128
+    vocab_size: Optional[int] = None
+    n_layer: int = 4
+    n_head: int = 4
+    n_embd: int = 128
+    dropout: float = 0.0
+    bias: bool = False
+
+    def __post_init__(self) -> None:
+        for key in ("block_size", "n_layer", "n_head", "n_embd"):
+            _check(getattr(self, key) >= 1, f"model.{key}", getattr(self, key), "an integer >= 1")
+        _check(self.vocab_size is None or self.vocab_size >= 2, "model.vocab_size", self.vocab_size,
+               "null (the tokenizer's vocabulary) or an integer >= 2")
+        _check(0.0 <= self.dropout < 1.0, "model.dropout", self.dropout, "a float in [0, 1)")
+        _check(self.n_embd % self.n_head == 0, "model.n_embd", self.n_embd,
+               f"a multiple of model.n_head={self.n_head}")
+
+
+DATA_SOURCES = ("embedded", "hub", "local")
+
+
+@dataclass
+class DataSchema:
+    """`data=` group: where text comes from, how it is tokenized and cached, and how batches are drawn."""
+
+    _target_: str = "altgrad.data.TextDataModule"
+    name: str = MISSING
+    source: str = "embedded"
+    tokenizer: str = "bytes"
+    block_size: int = 128
+    batch_size: int = 16
+    seed: int = 0
+    val_fraction: float = 0.05
+    val_batches: int = 8
+    cache_dir: str = "~/.cache/altgrad"
+    num_workers: int = 0
+    corpus_seed: int = 0
+    corpus_chars: int = 5_000_000
+    hub_path: Optional[str] = None
+    config_name: Optional[str] = None
+    split: str = "train"
+    text_field: str = "text"
+    path: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        _choice("data.source", self.source, DATA_SOURCES)
+        _choice("data.tokenizer", self.tokenizer, valid_tokenizers())
+        for key in ("block_size", "batch_size", "val_batches", "corpus_chars"):
+            _check(getattr(self, key) >= 1, f"data.{key}", getattr(self, key), "an integer >= 1")
+        _check(self.num_workers >= 0, "data.num_workers", self.num_workers, "an integer >= 0")
+        _check(0.0 < self.val_fraction < 1.0, "data.val_fraction", self.val_fraction, "a float in (0, 1)")
+        if self.source == "hub":
+            _check(bool(self.hub_path), "data.hub_path", self.hub_path, "a Hugging Face dataset path or folder")
+        if self.source == "local":
+            from altgrad.data.sources import resolve_local_files
+
+            resolve_local_files(self.path)  # raises ConfigError naming data.path when nothing matches
+
+
+ACCELERATORS = ("cpu", "gpu", "cuda", "mps", "auto")
+PRECISIONS = ("32-true", "32", "bf16-mixed", "bf16-true", "16-mixed", "16-true", "64-true")
+MATMUL_PRECISIONS = ("highest", "high", "medium")
+
+
+@dataclass
+class TrainerSchema:
+    """`trainer=` group: Lightning Trainer settings plus the bench's own (checkpoint interval, compile, MFU peak)."""
+
+    name: str = MISSING
+    accelerator: str = "cpu"
+    devices: Any = 1
+    precision: str = "32-true"
+    max_steps: int = 300
+    val_check_interval: int = 100
+    log_every_n_steps: int = 10
+    gradient_clip_val: Optional[float] = 1.0
+    accumulate_grad_batches: int = 1
+    checkpoint_every_n_steps: int = 100
+    initial_validation: bool = True
+    deterministic: bool = False
+    compile: bool = False
+    matmul_precision: str = "highest"
+    peak_flops: Optional[float] = None
+    sample_tokens: int = 0
+    progress_refresh: int = 10
+
+    def __post_init__(self) -> None:
+        _choice("trainer.accelerator", self.accelerator, ACCELERATORS)
+        _choice("trainer.precision", str(self.precision), PRECISIONS)
+        _choice("trainer.matmul_precision", self.matmul_precision, MATMUL_PRECISIONS)
+        _check(self.devices == "auto" or (isinstance(self.devices, int) and self.devices >= 1), "trainer.devices",
+               self.devices, "an integer >= 1 or 'auto'")
+        for key in ("max_steps", "val_check_interval", "log_every_n_steps", "accumulate_grad_batches",
+                    "checkpoint_every_n_steps", "progress_refresh"):
+            _check(getattr(self, key) >= 1, f"trainer.{key}", getattr(self, key), "an integer >= 1")
+        _check(self.sample_tokens >= 0, "trainer.sample_tokens", self.sample_tokens, "an integer >= 0")
+        _check(self.gradient_clip_val is None or self.gradient_clip_val > 0, "trainer.gradient_clip_val",
+               self.gradient_clip_val, "null or a float > 0")
+        _check(self.peak_flops is None or self.peak_flops > 0, "trainer.peak_flops", self.peak_flops,
+               "null or the hardware's peak FLOP/s > 0")
+
+
+@dataclass
+class ScheduleSchema:
+    """nanoGPT's learning-rate schedule: linear warm-up, cosine decay to min_lr_ratio·lr by decay_steps."""
+
+    warmup_steps: int = 30
+    decay_steps: Optional[int] = None
+    min_lr_ratio: float = 0.1
+
+    def __post_init__(self) -> None:
+        _check(self.warmup_steps >= 0, "schedule.warmup_steps", self.warmup_steps, "an integer >= 0")
+        _check(self.decay_steps is None or self.decay_steps >= 1, "schedule.decay_steps", self.decay_steps,
+               "null (= trainer.max_steps) or an integer >= 1")
+        _check(0.0 <= self.min_lr_ratio <= 1.0, "schedule.min_lr_ratio", self.min_lr_ratio, "a float in [0, 1]")
+
+
+@dataclass
+class OptimizerSchema:
+    """`optimizer=` group: a `_partial_` Hydra target plus `name` and hyper-parameters (extra keys allowed)."""
+
+    _target_: str = MISSING
+    _partial_: bool = True
+    name: str = MISSING
+    lr: float = MISSING
+    weight_decay: float = 0.0
+
+    def __post_init__(self) -> None:
+        _check(self._partial_ is True, "optimizer._partial_", self._partial_,
+               "true (the module supplies the parameter groups)")
+        _check(self.lr > 0 and math.isfinite(self.lr), "optimizer.lr", self.lr, "a finite float > 0")
+        _check(self.weight_decay >= 0, "optimizer.weight_decay", self.weight_decay, "a float >= 0")
+
+
+ROUNDINGS = ("nearest", "stochastic", "toward_zero")
+OVERFLOWS = ("saturate", "overflow")
+SCALING_KINDS = ("none", "tensor", "delayed", "channel", "block")
+SCALING_REDUCES = ("max", "most_recent")
+
+
+@dataclass
+class ScalingSchema:
+    kind: str = "tensor"
+    pow2: bool = True
+    history: int = 16
+    reduce: str = "max"
+    margin: int = 0
+    block: int = 32
+
+    def __post_init__(self) -> None:
+        _choice("format.scaling.kind", self.kind, SCALING_KINDS)
+        _choice("format.scaling.reduce", self.reduce, SCALING_REDUCES)
+        _check(self.history >= 1, "format.scaling.history", self.history, "an integer >= 1")
+        _check(self.block >= 1, "format.scaling.block", self.block, "an integer >= 1")
+
+
+@dataclass
+class FormatSchema:
+    """`format=` group (owned by the quantization layer): the keys the bench checks; extra keys are allowed."""
+
+    name: str = MISSING
+    grad: Optional[str] = None
+    rounding: str = "nearest"
+    overflow: str = "saturate"
+    scaling: ScalingSchema = field(default_factory=ScalingSchema)
+    ebits: Optional[int] = None
+    mbits: Optional[int] = None
+    bias: Optional[int] = None
+    policy: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        formats = valid_formats()
+        _choice("format.name", self.name, formats)
+        if self.grad is not None:
+            _choice("format.grad", self.grad, formats)
+        _choice("format.rounding", self.rounding, ROUNDINGS)
+        _choice("format.overflow", self.overflow, OVERFLOWS)
+
+
+@dataclass
+class LayerMapSchema:
+    """`layer_map=` group (owned by the quantization layer): a named rule list; its keys are checked there."""
+
+    name: str = MISSING
+
+
+@dataclass
+class QuantSchema:
+    master: str = "fp32"
+    storage_rounding: str = "nearest"
+
+    def __post_init__(self) -> None:
+        _choice("quant.master", self.master, ("fp32", "none"))
+        _choice("quant.storage_rounding", self.storage_rounding, ("nearest", "stochastic"))
+
+
+@dataclass
+class PathsSchema:
+    output_dir: str = MISSING
+
+
+@dataclass
+class Section:
+    """One top-level key: its schema, and whether keys beyond the schema's are allowed."""
+
+    schema: type
+    open: bool = False
+
+
+SECTIONS: dict[str, Section] = {
+    "model": Section(ModelSchema),
+    "data": Section(DataSchema),
+    "trainer": Section(TrainerSchema),
+    "schedule": Section(ScheduleSchema),
+    "optimizer": Section(OptimizerSchema, open=True),
+    "format": Section(FormatSchema, open=True),
+    "layer_map": Section(LayerMapSchema, open=True),
+    "quant": Section(QuantSchema, open=True),
+    "paths": Section(PathsSchema),
+}
+# Top-level keys that are not sections: mappings of `_target_` configs, and scalars.
+TARGET_MAPPINGS = ("logger", "callbacks")
+SCALARS: dict[str, tuple[type, ...]] = {
+    "seed": (int,),
+    "ckpt_path": (str, type(None)),
+    "run_name": (str,),
+    "experiment_name": (str, type(None)),
+}
+
+
+def _section_error(section: str, err: OmegaConfBaseException) -> ConfigError:
+    key = f"{section}.{err.full_key}" if err.full_key else section
+    if isinstance(err, ValidationError):
+        return ConfigError(f"{key}={err.value!r} is invalid: expected {_expected(section, str(err.full_key))}")
+    if isinstance(err, ConfigKeyError):
+        schema = SECTIONS[section].schema
+        valid = ", ".join(f.name for f in dataclasses.fields(schema))
+        return ConfigError(f"{key} is not a known key of {section}; valid: {valid}")
+    if isinstance(err, MissingMandatoryValue):
+        return ConfigError(f"{key} is required but not set (???); set it on the command line, e.g. {key}=...")
+    return ConfigError(f"{section}: {str(err).splitlines()[0]}")
+
+
+def _expected(section: str, dotted: str) -> str:
+    schema: Any = SECTIONS[section].schema
+    hint: Any = None
+    for part in dotted.split("."):
+        hints = typing.get_type_hints(schema)
+        hint = hints.get(part)
+        schema = hint
+    names = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    base = args[0] if args else hint
+    expected = names.get(base, getattr(base, "__name__", str(base)))
+    return expected + (" or null" if type(None) in typing.get_args(hint) else "")
+
+
+def _resolved(cfg: DictConfig, key: str) -> Any:
+    try:
+        return OmegaConf.to_container(cfg[key], resolve=True) if OmegaConf.is_config(cfg[key]) else cfg[key]
+    except MissingMandatoryValue as err:
+        raise ConfigError(f"{key}.{err.full_key} is required but not set (???); set it, e.g. "
+                          f"{key}.{err.full_key}=...") from None
+    except InterpolationResolutionError as err:
+        raise ConfigError(f"{key}: cannot resolve {str(err).splitlines()[0]}") from None
+
+
+def validate(cfg: DictConfig, *, paths: bool = True) -> dict[str, Any]:
+    """Check every section of a composed train config; return the schema objects by section name.
+
+    paths=False skips `paths`, whose `${hydra:...}` interpolation only resolves inside a Hydra job.
+    Raises ConfigError (one line) on the first problem.
+    """
+    known = set(SECTIONS) | set(TARGET_MAPPINGS) | set(SCALARS) | {"hydra"}
+    for key in cfg:
+        if key not in known:
+            raise ConfigError(f"{key} is not a known top-level key; valid: {', '.join(sorted(known - {'hydra'}))}")
+    for key, types in SCALARS.items():
+        value = _resolved(cfg, key) if key in cfg else None
+        if key == "seed" and isinstance(value, bool):
+            value = None
+        _check(isinstance(value, types), key, value, " or ".join(
+            {int: "an integer", str: "a string", type(None): "null"}[t] for t in types))
+    for key in TARGET_MAPPINGS:
+        # Not resolved: their entries may point at ${paths.output_dir}, which only resolves inside a Hydra job.
+        node = cfg.get(key)
+        node = OmegaConf.to_container(node, resolve=False) if OmegaConf.is_config(node) else (node or {})
+        _check(isinstance(node, dict), key, node, "a mapping of name -> {_target_: ...}")
+        for name, entry in node.items():
+            _check(entry is None or (isinstance(entry, dict) and "_target_" in entry), f"{key}.{name}", entry,
+                   "null or a mapping with _target_")
+    out: dict[str, Any] = {}
+    for key, section in SECTIONS.items():
+        if key == "paths" and not paths:
+            continue
+        if key not in cfg:
+            raise ConfigError(f"{key} is missing from the config; add the {key} section or group")
+        plain = _resolved(cfg, key)
+        _check(isinstance(plain, dict), key, plain, f"a mapping (the {key} group)")
+        schema = OmegaConf.structured(section.schema)
+        OmegaConf.set_struct(schema, not section.open)
+        try:
+            out[key] = OmegaConf.to_object(OmegaConf.merge(schema, plain))
+        except OmegaConfBaseException as err:
+            raise _section_error(key, err) from None
+    ckpt = cfg.get("ckpt_path")
+    if ckpt is not None:
+        resolve_checkpoint(ckpt)
+    return out
+
+
+def resolve_checkpoint(path: str | os.PathLike) -> Path:
+    """`ckpt_path` as given: a checkpoint file, or a run dir holding checkpoints/last.ckpt."""
+    p = Path(os.path.expanduser(str(path)))
+    candidates = [p] if p.is_file() else [p / "checkpoints" / "last.ckpt", p / "last.ckpt"]
+    for c in candidates:
+        if c.is_file():
+            return c
+    raise ConfigError(f"ckpt_path={str(path)!r} is not a checkpoint file or a run dir with checkpoints/last.ckpt")
+

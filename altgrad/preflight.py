@@ -1,0 +1,85 @@
+"""Check command-line overrides before Hydra runs, so a typo costs one readable line instead of a stack of them.
+
+Checks, in order: the overrides parse; every `group=option` names an existing option (sweeps included); and, for
+each combination of a small sweep (or the single run), the composed config passes `altgrad.config.validate`.
+Anything this does not catch is still caught by train() and by Hydra itself.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from altgrad.config import ConfigError, validate
+
+HYDRA_ONLY_FLAGS = ("-h", "--help", "--hydra-help", "--info", "-i", "--cfg", "-c", "--resolve", "--package", "-p",
+                    "--shell-completion", "-sc", "--config-path", "-cp", "--config-name", "-cn", "--config-dir",
+                    "-cd", "--experimental-rerun", "--version")
+MAX_COMBINATIONS = 32
+
+
+def _one_line(err: BaseException) -> str:
+    """An exception's message and its causes' as one line, without OmegaConf's full_key/object_type trailer."""
+    parts: list[str] = []
+    seen: BaseException | None = err
+    while seen is not None and len(parts) < 4:
+        for line in str(seen).splitlines():
+            line = line.strip()
+            if line and not line.startswith(("full_key:", "object_type", "reference_type")) and line not in parts:
+                parts.append(line)
+        seen = seen.__cause__
+    return " ".join(parts) or type(err).__name__
+
+
+def check_overrides(argv: list[str], conf_dir: Path, config_name: str = "train") -> str | None:
+    """None when the command line looks runnable, else one line saying what is wrong and what is valid."""
+    if any(a.split("=", 1)[0] in HYDRA_ONLY_FLAGS for a in argv):
+        return None  # help, --cfg, alternative config dirs...: Hydra's own business
+    multirun = any(a in ("-m", "--multirun") for a in argv)
+    overrides = [a for a in argv if a not in ("-m", "--multirun")]
+
+    from hydra import compose, initialize_config_dir
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except HydraException as err:
+        return f"cannot parse the overrides: {_one_line(err)}"
+    if not multirun:
+        sweeps = [o.input_line for o in parsed if o.is_sweep_override()]
+        if sweeps:
+            return f"{sweeps[0]} is a sweep; add -m (multirun) to run one job per value"
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
+        loader = GlobalHydra.instance().config_loader()
+        for o in parsed:
+            if o.is_delete() or o.is_hydra_override() and "/" not in o.key_or_group:
+                continue
+            options = loader.get_group_options(o.key_or_group)
+            if not options or (o.is_sweep_override() and (o.is_interval_sweep() or o.is_range_sweep())):
+                continue
+            if o.is_sweep_override():
+                values = list(o.sweep_string_iterator())
+            else:
+                values = [] if o.value() is None else [o.get_value_element_as_str()]
+            for value in values:
+                if "*" in value or "?" in value:  # glob sweeps are expanded by Hydra
+                    continue
+                if value not in options:
+                    return (f"{o.key_or_group}={value} is not an option of the {o.key_or_group} group; "
+                            f"valid: {', '.join(options)}")
+        combos = [c for batch in BasicSweeper.split_arguments(parsed, None) for c in batch][:MAX_COMBINATIONS]
+        for combo in combos or [[]]:
+            try:
+                cfg = compose(config_name=config_name, overrides=combo)
+                validate(cfg, paths=False)
+            except ConfigError as err:
+                return str(err)
+            except (HydraException, OmegaConfBaseException) as err:
+                return f"cannot compose the config: {_one_line(err)}"
+    GlobalHydra.instance().clear()
+    return None
