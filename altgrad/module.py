@@ -1,0 +1,194 @@
+"""AltGradModule: next-token training of the GPT backbone — loss, validation perplexity, optimizer and LR schedule.
+
+The backbone lives at `self.model` (a `GPT`); quantization callbacks swap its Linears in `setup`, before
+`configure_model` compiles it and before `configure_optimizers` sees its parameters. Callbacks report into
+`self.run_summary`, which `train()` merges into summary.json.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import hydra.utils
+import lightning as L
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LambdaLR
+from torchmetrics import MeanMetric
+
+from altgrad.model import GPT, GPTConfig
+
+
+class WarmupCosine:
+    """nanoGPT's schedule as an LR multiplier: linear warm-up, cosine decay to min_ratio, then flat.
+
+    A plain class (not a closure) so the scheduler's state_dict holds only numbers.
+    """
+
+    def __init__(self, warmup_steps: int, decay_steps: int, min_ratio: float) -> None:
+        self.warmup_steps, self.decay_steps, self.min_ratio = int(warmup_steps), int(decay_steps), float(min_ratio)
+
+    def __call__(self, step: int) -> float:
+        if step < self.warmup_steps:
+            return (step + 1) / (self.warmup_steps + 1)
+        if step >= self.decay_steps:
+            return self.min_ratio
+        progress = (step - self.warmup_steps) / max(1, self.decay_steps - self.warmup_steps)
+        return self.min_ratio + 0.5 * (1.0 + math.cos(math.pi * progress)) * (1.0 - self.min_ratio)
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """nanoGPT's weight-decay groups: tensors with >= 2 dims decay; biases and LayerNorm gains do not."""
+    params = {id(p): p for p in model.parameters() if p.requires_grad}.values()  # tied weights once
+    groups = [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": float(weight_decay)},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+    return [g for g in groups if g["params"]]
+
+
+def build_optimizer(cfg: Mapping[str, Any], model: nn.Module) -> Optimizer:
+    """Instantiate the `optimizer` group (a `_partial_` target; `name`/`label` are ours) over param_groups(model)."""
+    cfg = dict(cfg)
+    cfg.pop("name", None)
+    cfg.pop("label", None)
+    # _convert_=all: hyper-parameters such as betas become plain lists, so optimizer state loads with weights_only.
+    factory = hydra.utils.instantiate({**cfg, "_partial_": True, "_convert_": "all"})
+    return factory(param_groups(model, cfg.get("weight_decay", 0.0)))
+
+
+class AltGradModule(L.LightningModule):
+    """Cross-entropy language modelling on `self.model`, with val loss/perplexity and throughput logging."""
+
+    def __init__(
+        self,
+        model_config: GPTConfig,
+        optimizer: Mapping[str, Any],
+        schedule: WarmupCosine,
+        compile: bool = False,
+        peak_flops: float | None = None,
+    ) -> None:
+        super().__init__()
+        self.model = GPT(model_config)
+        self.optimizer_cfg = dict(optimizer)
+        self.schedule = schedule
+        self.compile_model = compile
+        self.peak_flops = peak_flops
+        self.val_loss = MeanMetric()
+        self.run_summary: dict[str, Any] = {"diagnostics": {}, "fallbacks": []}
+        self.tokens_seen = 0
+        self.train_seconds = 0.0
+        self._clock: float | None = None
+        self._rng_to_restore: dict[str, Any] | None = None
+
+    # -- model ------------------------------------------------------------------------------------------------------
+    def configure_model(self) -> None:
+        # Lightning calls this after every callback's setup (so after Linear → QuantLinear surgery).
+        # nn.Module.compile compiles in place: parameter names and module paths stay as in the plain model.
+        if self.compile_model and getattr(self.model, "_compiled_call_impl", None) is None:
+            self.model.compile()
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.model(idx)
+
+    def loss(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        x, y = batch
+        logits = self.model(x)
+        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), y.reshape(-1))
+
+    # -- training ---------------------------------------------------------------------------------------------------
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        loss = self.loss(batch)
+        self.log("train/loss", loss, prog_bar=True)
+        self.log("lr", self.trainer.optimizers[0].param_groups[0]["lr"])
+        return loss
+
+    def on_train_start(self) -> None:
+        self._restore_rng()
+        self._clock = time.perf_counter()
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        now = time.perf_counter()
+        tokens = batch[0].numel()
+        if self._clock is not None:
+            dt = now - self._clock
+            self.train_seconds += dt
+            self.tokens_seen += tokens
+            self.log("train/tokens_per_s", tokens / dt, prog_bar=True)
+            if self.peak_flops:
+                self.log("train/mfu", self.model.estimate_mfu(tokens / dt, self.peak_flops))
+        self._clock = now
+
+    def on_train_end(self) -> None:
+        tps = self.tokens_seen / self.train_seconds if self.train_seconds > 0 else None
+        self.run_summary["tokens_per_second"] = tps
+        self.run_summary["tokens_seen"] = self.tokens_seen
+        if tps is not None and self.peak_flops:
+            self.run_summary["mfu"] = self.model.estimate_mfu(tps, self.peak_flops)
+
+    # -- validation -------------------------------------------------------------------------------------------------
+    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        self.val_loss.update(self.loss(batch))
+
+    def on_validation_epoch_end(self) -> None:
+        loss = self.val_loss.compute()
+        self.val_loss.reset()
+        value = float(loss)
+        ppl = math.exp(value) if value < 700 else math.inf
+        if self.trainer.sanity_checking:
+            # The pre-training pass over the full validation set: the starting loss (≈ ln vocab), logged at step 0.
+            if self.trainer.global_step == 0:
+                self.run_summary["initial_val_loss"] = value
+                for logger in self.loggers:
+                    logger.log_metrics({"val/loss": value, "val/ppl": ppl}, step=0)
+            return
+        self.log("val/loss", loss, prog_bar=True)
+        self.log("val/ppl", ppl)
+        self.run_summary["final_val_loss"] = value
+        self.run_summary["final_val_step"] = int(self.trainer.global_step)
+        best = self.run_summary.get("best_val_loss")
+        if math.isfinite(value) and (best is None or value < best):
+            self.run_summary["best_val_loss"] = value
+
+    def on_validation_end(self) -> None:
+        self._clock = time.perf_counter()  # throughput counts training time only
+
+    # -- optimization -----------------------------------------------------------------------------------------------
+    def configure_optimizers(self) -> dict[str, Any]:
+        optimizer = build_optimizer(self.optimizer_cfg, self.model)
+        scheduler = LambdaLR(optimizer, self.schedule)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    # -- exact resume -----------------------------------------------------------------------------------------------
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # Plain containers only (tensors, ints, lists) so the checkpoint loads with torch.load(weights_only=True).
+        version, state, gauss = random.getstate()
+        checkpoint["rng_states"] = {
+            "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+            "python": [version, list(state), gauss],
+        }
+        checkpoint["run_summary"] = {
+            k: v for k, v in self.run_summary.items() if k in ("initial_val_loss", "best_val_loss")
+        }
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # Applied in on_train_start: Lightning re-seeds the global RNGs after its sanity-check validation.
+        self._rng_to_restore = checkpoint.get("rng_states")
+        self.run_summary.update(checkpoint.get("run_summary", {}))
+
+    def _restore_rng(self) -> None:
+        rng, self._rng_to_restore = self._rng_to_restore, None
+        if not rng:
+            return
+        torch.set_rng_state(rng["torch"])
+        if rng["cuda"] and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(rng["cuda"])
+        version, state, gauss = rng["python"]
+        random.setstate((version, tuple(state), gauss))

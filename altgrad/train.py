@@ -1,0 +1,329 @@
+"""`python -m altgrad.train [overrides]`: a thin Hydra entry point over the plain, testable `train(cfg) -> summary`.
+
+train() validates the config, builds data, model, callbacks, loggers and the Lightning Trainer, fits, and always ends
+by writing `summary.json` atomically in the run dir (status completed | diverged | failed). Everything it writes goes
+under `cfg.paths.output_dir` (Hydra's run dir by default). Heavy libraries load inside the functions that need them,
+so a mistyped override is reported within a second, before torch or Lightning is imported.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from altgrad.config import ConfigError, resolve_checkpoint, validate
+
+if TYPE_CHECKING:
+    import lightning as L
+
+    from altgrad.module import AltGradModule
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+SUMMARY = "summary.json"
+
+
+# --- building blocks -------------------------------------------------------------------------------------------
+def _instantiate_mapping(node: DictConfig | None) -> list[Any]:
+    """Instantiate every `{_target_: ...}` entry of a name -> config mapping, in file order (null entries skipped)."""
+    if node is None:
+        return []
+    out = []
+    for _, entry in node.items():
+        if isinstance(entry, DictConfig) and "_target_" in entry:
+            out.append(hydra.utils.instantiate(entry, _convert_="all"))
+    return out
+
+
+def build_callbacks(cfg: DictConfig, run_dir: Path) -> list[L.Callback]:
+    """The configured callbacks (cfg.callbacks, in order), then the always-on checkpointing and progress bar."""
+    from lightning.pytorch.callbacks import ProgressBar, TQDMProgressBar
+
+    from altgrad.checkpoint import LastCheckpoint
+
+    class LossProgressBar(TQDMProgressBar):
+        """TQDM bar showing the logged loss and tokens/s (without Lightning's version number)."""
+
+        def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
+            items = super().get_metrics(trainer, pl_module)
+            items.pop("v_num", None)
+            return items
+
+    callbacks = _instantiate_mapping(cfg.get("callbacks"))
+    callbacks.append(LastCheckpoint(run_dir / "checkpoints", cfg.trainer.checkpoint_every_n_steps))
+    if not any(isinstance(c, ProgressBar) for c in callbacks):
+        callbacks.append(LossProgressBar(refresh_rate=cfg.trainer.progress_refresh))
+    return callbacks
+
+
+def build_loggers(cfg: DictConfig, run_dir: Path) -> list[Any]:
+    """The configured loggers (W&B offline by default); a CSVLogger writing metrics.csv in run_dir is always there."""
+    from lightning.pytorch.loggers import CSVLogger
+
+    loggers = _instantiate_mapping(cfg.get("logger"))
+    if not any(isinstance(lg, CSVLogger) for lg in loggers):
+        loggers.insert(0, CSVLogger(save_dir=str(run_dir), name="", version=""))
+    return loggers
+
+
+def build_trainer(cfg: DictConfig, run_dir: Path, callbacks: list[Any], loggers: list[Any]) -> L.Trainer:
+    """A Lightning Trainer from the `trainer` group: step-based, validation every N steps, atomic checkpoints."""
+    import lightning as L
+    from lightning.pytorch.callbacks import ModelSummary
+
+    from altgrad.checkpoint import AtomicCheckpointIO
+
+    t = cfg.trainer
+    return L.Trainer(
+        accelerator=t.accelerator,
+        devices=t.devices,
+        precision=t.precision,
+        max_steps=t.max_steps,
+        max_epochs=-1,
+        val_check_interval=t.val_check_interval,
+        check_val_every_n_epoch=None,
+        num_sanity_val_steps=-1 if t.initial_validation else 0,
+        log_every_n_steps=t.log_every_n_steps,
+        gradient_clip_val=t.gradient_clip_val,
+        accumulate_grad_batches=t.accumulate_grad_batches,
+        deterministic=t.deterministic,
+        benchmark=False,
+        callbacks=callbacks,
+        logger=loggers,
+        plugins=[AtomicCheckpointIO()],
+        default_root_dir=str(run_dir),
+        enable_checkpointing=False,  # LastCheckpoint (always on) writes checkpoints/last.ckpt
+        enable_progress_bar=True,
+        # Lightning adds its own summary unless a configured callback already is one.
+        enable_model_summary=not any(isinstance(c, ModelSummary) for c in callbacks),
+    )
+
+
+def build_module(cfg: DictConfig, vocab_size: int) -> AltGradModule:
+    """The LightningModule: GPT of the `model` group (vocab from the tokenizer unless set), optimizer, schedule."""
+    from altgrad.model import GPTConfig
+    from altgrad.module import AltGradModule, WarmupCosine
+
+    m = cfg.model
+    gpt = GPTConfig(block_size=m.block_size, vocab_size=m.vocab_size or vocab_size, n_layer=m.n_layer,
+                    n_head=m.n_head, n_embd=m.n_embd, dropout=m.dropout, bias=m.bias)
+    s = cfg.schedule
+    schedule = WarmupCosine(s.warmup_steps, s.decay_steps or cfg.trainer.max_steps, s.min_lr_ratio)
+    optimizer = OmegaConf.to_container(cfg.optimizer, resolve=True)
+    return AltGradModule(gpt, optimizer, schedule, compile=cfg.trainer.compile, peak_flops=cfg.trainer.peak_flops)
+
+
+# --- summary -----------------------------------------------------------------------------------------------------
+def base_summary(cfg: DictConfig) -> dict[str, Any]:
+    """The summary fields known before training; train() fills in the results."""
+    return {
+        "status": "completed",
+        "steps": 0,
+        "final_val_loss": None,
+        "best_val_loss": None,
+        "initial_val_loss": None,
+        "tokens_per_second": None,
+        "wall_seconds": None,
+        "seed": int(cfg.seed),
+        "format": cfg.format.name,
+        "optimizer": cfg.optimizer.name,
+        "optimizer_label": cfg.optimizer.get("label") or cfg.optimizer.name,
+        "layer_map": cfg.layer_map.name,
+        "model": cfg.model.name,
+        "data": cfg.data.name,
+        "lr": float(cfg.optimizer.lr),
+        "master": cfg.quant.master,
+        "storage_rounding": cfg.quant.storage_rounding,
+        "experiment": cfg.get("experiment_name"),
+        "run_name": cfg.run_name,
+        "diverged_at_step": None,
+        "divergence_cause": None,
+        "error": None,
+        "diagnostics": {},
+        "fallbacks": [],
+        "config": OmegaConf.to_container(cfg, resolve=True),
+    }
+
+
+def _plain(value: Any) -> Any:
+    """JSON-safe copy: non-finite floats become null (JSON has no NaN), tensors and numpy scalars become numbers."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if hasattr(value, "item") and callable(value.item) and getattr(value, "ndim", 0) == 0:
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value)
+
+
+def write_summary(run_dir: Path, summary: dict[str, Any]) -> Path:
+    """Write summary.json atomically: readers see the old file or the whole new one, never half of it."""
+    path = run_dir / SUMMARY
+    tmp = run_dir / f".{SUMMARY}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(_plain(summary), indent=2, allow_nan=False) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def _finish_status(summary: dict[str, Any]) -> None:
+    """A run that completed with a non-finite validation loss diverged, even if no callback said so."""
+    final = summary.get("final_val_loss")
+    if summary["status"] == "completed" and final is not None and not math.isfinite(final):
+        summary.update(status="diverged", diverged_at_step=summary.get("diverged_at_step") or summary["steps"],
+                       divergence_cause=summary.get("divergence_cause") or "non-finite validation loss")
+
+
+def _sample(module: AltGradModule, tokenizer: Any, n_tokens: int, seed: int) -> str:
+    """A short continuation of <|endoftext|>, to see what the model learned."""
+    import torch
+
+    model = module.model
+    device = next(model.parameters()).device
+    start = torch.full((1, 1), tokenizer.eot_token, dtype=torch.long, device=device)
+    generator = torch.Generator(device=device).manual_seed(seed)
+    was_training = model.training
+    model.eval()
+    try:
+        out = model.generate(start, n_tokens, generator=generator)
+    finally:
+        model.train(was_training)
+    return tokenizer.decode(out[0, 1:].tolist())
+
+
+# --- the run -----------------------------------------------------------------------------------------------------
+def train(cfg: DictConfig) -> dict[str, Any]:
+    """Train one run as configured and return its summary (also written to `<paths.output_dir>/summary.json`).
+
+    Raises ConfigError before writing anything when the config is invalid; any failure during the run is recorded
+    as status "failed" with its error in summary.json, then re-raised.
+    """
+    validate(cfg)
+    run_dir = Path(cfg.paths.output_dir)
+    ckpt_path = str(resolve_checkpoint(cfg.ckpt_path)) if cfg.get("ckpt_path") else None
+    run_dir.mkdir(parents=True, exist_ok=True)
+    summary = base_summary(cfg)
+    started = time.perf_counter()
+    try:
+        import lightning as L
+        import torch
+
+        _quiet_lightning()
+        L.seed_everything(cfg.seed, workers=True, verbose=False)
+        torch.set_float32_matmul_precision(cfg.trainer.matmul_precision)
+        datamodule = hydra.utils.instantiate(cfg.data, _convert_="all")
+        module = build_module(cfg, datamodule.vocab_size)
+        callbacks = build_callbacks(cfg, run_dir)
+        loggers = build_loggers(cfg, run_dir)
+        trainer = build_trainer(cfg, run_dir, callbacks, loggers)
+        for logger in loggers:
+            logger.log_hyperparams(summary["config"])
+        # weights_only=True: resuming proves the checkpoint holds only plain containers.
+        trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
+        if module.run_summary.get("final_val_step") != trainer.global_step:
+            trainer.validate(module, datamodule=datamodule, verbose=False)
+        summary["steps"] = int(trainer.global_step)
+        summary["n_params"] = module.model.num_params()
+        summary.update(module.run_summary)
+        _finish_status(summary)
+        if cfg.trainer.sample_tokens and summary["status"] == "completed":
+            summary["sample"] = _sample(module, datamodule.tokenizer, cfg.trainer.sample_tokens, cfg.seed)
+    except BaseException as err:
+        summary["status"] = "failed"
+        summary["error"] = f"{type(err).__name__}: {err}"
+        raise
+    finally:
+        _finish_wandb(failed=summary["status"] == "failed")
+        summary["wall_seconds"] = time.perf_counter() - started
+        write_summary(run_dir, summary)
+    return summary
+
+
+def _finish_wandb(failed: bool) -> None:
+    """Close the W&B run, so the next job of a multirun starts its own."""
+    wandb = sys.modules.get("wandb")
+    if wandb is not None and getattr(wandb, "run", None) is not None:
+        wandb.finish(exit_code=1 if failed else 0)
+
+
+class _DropTips(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Tip:" not in record.getMessage()
+
+
+def _quiet_lightning() -> None:
+    """Lightning's console lines once (not again through Hydra's root handler), without advertising tips or
+    warnings that do not apply to this bench."""
+    lightning_logger = logging.getLogger("lightning")
+    if lightning_logger.handlers:
+        lightning_logger.propagate = False
+        for handler in lightning_logger.handlers:
+            if not any(isinstance(f, _DropTips) for f in handler.filters):
+                handler.addFilter(_DropTips())
+    # Our training stream is an endless, resumable IterableDataset built in the main process on purpose.
+    warnings.filterwarnings("ignore", message=r".*does not have many workers.*")
+    warnings.filterwarnings("ignore", message=r".*resuming from a checkpoint that ended before the epoch ended.*")
+    # The run dir already holds .hydra/ when the CSV logger starts; it only ever writes metrics.csv/hparams.yaml.
+    warnings.filterwarnings("ignore", message=r".*Experiment logs directory .* exists and is not empty.*")
+    warnings.filterwarnings("ignore", message=r".*treespec, LeafSpec.*")
+
+
+def _report(summary: dict[str, Any], run_dir: Path) -> None:
+    lines = [f"status: {summary['status']}  steps: {summary['steps']}  wall: {summary['wall_seconds']:.0f} s"]
+    for key in ("initial_val_loss", "final_val_loss", "best_val_loss"):
+        if summary.get(key) is not None:
+            lines.append(f"{key}: {summary[key]:.4f}")
+    if summary.get("tokens_per_second"):
+        lines.append(f"tokens/s: {summary['tokens_per_second']:.0f}")
+    if summary.get("sample"):
+        lines.append("sample:\n" + summary["sample"])
+    lines.append(f"run dir: {run_dir}")
+    print("\n".join(lines), flush=True)
+
+
+# --- command line ------------------------------------------------------------------------------------------------
+@hydra.main(version_base="1.3", config_path="../conf", config_name="train")
+def main(cfg: DictConfig) -> None:
+    """Hydra task: one job of `python -m altgrad.train` (or of a `-m` multirun)."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    from altgrad.data.sources import DataUnavailableError
+
+    try:
+        summary = train(cfg)
+    except (ConfigError, DataUnavailableError) as err:
+        # Known, user-fixable problems: one line, no traceback. A multirun re-raises so the other jobs go on and
+        # Hydra reports the failure at the end.
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        if HydraConfig.get().mode == RunMode.RUN:
+            raise SystemExit(1) from None
+        raise
+    _report(summary, Path(cfg.paths.output_dir))
+
+
+def cli(argv: list[str] | None = None) -> None:
+    """Check the overrides (one readable line on error, exit 2), then hand over to Hydra."""
+    from altgrad.preflight import check_overrides
+
+    message = check_overrides(sys.argv[1:] if argv is None else argv, CONF_DIR)
+    if message:
+        print(f"error: {message}", file=sys.stderr, flush=True)
+        raise SystemExit(2)
+    main()
+
+
+if __name__ == "__main__":
+    cli()
