@@ -1,0 +1,76 @@
+"""The compiled kernels (what quantize runs by default) equal the eager ones bit for bit."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from quant_testlib import assert_same_bits, inputs_for
+
+from altgrad.quant import (GradQuantizer, QuantSpec, ScalingSpec, TensorQuantizer, get_format, quant_stats,
+                           quantize_scaled)
+
+
+@pytest.fixture(autouse=True)
+def _compile(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ALTGRAD_COMPILE", "1")
+
+
+def both(x: torch.Tensor, fmt, rounding: str, overflow: str, scale=None) -> tuple[torch.Tensor, torch.Tensor]:
+    kw = dict(rounding=rounding, overflow=overflow, seed=99)
+    return (quantize_scaled(x, fmt, scale, compiled=True, **kw), quantize_scaled(x, fmt, scale, compiled=False, **kw))
+
+
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic",
+                                      pytest.param("toward_zero", marks=pytest.mark.slow)])
+def test_compiled_equals_eager(rounding: str) -> None:
+    # one compiled kernel per rounding mode serves every format (formats are data), so many formats are cheap
+    for name, overflow in (("e4m3", "overflow"), ("e7m0", "saturate"), ("p3109_p1", "overflow"),
+                           ("e0m7", "saturate"), ("bf16", "overflow")):
+        fmt = get_format(name)
+        x = torch.from_numpy(inputs_for(fmt, 100_000, seed=5))
+        c, e = both(x, fmt, rounding, overflow)
+        assert_same_bits(c, e.numpy(), x.numpy(), f"{name} {rounding} compiled vs eager")
+
+
+@pytest.mark.slow  # two more compiled kernels (about 30 s cold)
+def test_compiled_scaled_kernel_and_stats_equal_eager() -> None:
+    fmt = get_format("e5m2")
+    x = torch.randn(64, 96) * torch.logspace(-6, 6, 96)
+    for scale in (torch.tensor(8.0), torch.exp2(torch.randint(-8, 8, (64, 1)).float())):
+        c, e = both(x, fmt, "nearest", "saturate", scale)
+        assert torch.equal(c, e)
+        assert torch.equal(quant_stats(x, c, fmt, scale, compiled=True), quant_stats(x, e, fmt, scale,
+                                                                                     compiled=False))
+    xb = x.to(torch.bfloat16)
+    c, e = both(xb, fmt, "stochastic", "saturate", torch.tensor(4.0))
+    assert c.dtype == torch.bfloat16 and torch.equal(c, e)
+
+
+@pytest.mark.slow  # compiles forward and backward of a small model (about 80 s cold)
+def test_model_with_quantizers_compiles_without_graph_breaks_and_matches_eager() -> None:
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+
+    class Tiny(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(32, 16)
+            self.wq = TensorQuantizer(QuantSpec(get_format("e4m3"), scaling=ScalingSpec("delayed")))
+            self.iq = TensorQuantizer(QuantSpec(get_format("e4m3"), scaling=ScalingSpec("block")), "input")
+            self.gq = GradQuantizer(QuantSpec(get_format("e5m2")))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.gq(torch.nn.functional.linear(self.iq(x), self.wq(self.lin.weight), self.lin.bias))
+
+    eager = Tiny()
+    model = Tiny()
+    model.load_state_dict(eager.state_dict())
+    compiled = torch.compile(model, fullgraph=True)  # fullgraph: a graph break would raise
+    x = torch.randn(4, 32)
+    for m in (eager, compiled):
+        for _ in range(2):
+            m(x).square().sum().backward()
+    assert torch.equal(eager.lin.weight.grad, model.lin.weight.grad)
+    for a, b in zip(eager.buffers(), model.buffers()):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
