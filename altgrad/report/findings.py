@@ -15,7 +15,7 @@ from altgrad.report.load import STATES, Sweep
 from altgrad.report.order import FORMAT_ORDER, rank
 from altgrad.report.stages import FormatAttribution
 from altgrad.report.stats import spearman
-from altgrad.report.tables import ci_text, num
+from altgrad.report.tables import ci_text, num, sig
 
 STALL = "mean_stall_ratio"
 
@@ -144,7 +144,7 @@ def why_lines(benefits: Sequence[Benefit], cells: Sequence[Cell]) -> list[str]:
         for name in (STALL, "final_flip_rate", "mean_oscillation_rate", "mean_effective_bits"):
             base, treat = b.baseline.diagnostic_summary(name).mean, b.treatment.diagnostic_summary(name).mean
             if base is not None or treat is not None:
-                parts.append(f"{name} {num(base, 3)} (AdamW) → {num(treat, 3)}")
+                parts.append(f"{name} {sig(base)} (AdamW) → {sig(treat)}")
         if parts:
             lines.append(f"{f}, {_label(b)}: " + "; ".join(parts) + ".")
     return lines

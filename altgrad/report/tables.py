@@ -33,6 +33,11 @@ def num(x: float | None, digits: int = 4, signed: bool = False) -> str:
     return f"{x:+.{digits}f}" if signed else f"{x:.{digits}f}"
 
 
+def sig(x: float | None, digits: int = 3) -> str:
+    """``digits`` significant figures (diagnostics span 1e-7 … 1e2, fixed decimals would hide the small ones)."""
+    return "—" if x is None else f"{x:.{digits}g}"
+
+
 def mean_std(s: Summary, digits: int = 4) -> str:
     """``mean ± std`` (just the mean for one value, ``—`` for none)."""
     if s.mean is None:
@@ -143,7 +148,7 @@ def diagnostics_table(cells: Sequence[Cell]) -> str:
         values = [c.diagnostic_summary(n) for n in names]
         if all(v.n == 0 for v in values):
             continue
-        rows.append([field_text(f, c[f]) for f in fields] + [len(c.jobs)] + [num(v.mean, 3) for v in values])
+        rows.append([field_text(f, c[f]) for f in fields] + [len(c.jobs)] + [sig(v.mean) for v in values])
     return markdown_table(headers, rows)
 
 

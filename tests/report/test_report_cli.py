@@ -45,7 +45,7 @@ def test_report_rows(full_report: Path) -> None:
         assert state in jobs
     assert "format=e7m0 optimizer=madam seed=1" in jobs  # a killed job is named by its Hydra overrides
     # the diagnostics table carries each format's AdamW stall ratio
-    assert "| manifold_ab | e7m0 | fp32 master | — | adamw | 0.001 | 3 | 0.900 |" in text
+    assert "| manifold_ab | e7m0 | fp32 master | — | adamw | 0.001 | 3 | 0.9 | 0.01 | 0.1 | 0.9 | 5 |" in text
 
 
 def test_pngs_written_and_linked(full_report: Path) -> None:
