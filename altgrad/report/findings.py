@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from altgrad.report.benefit import Benefit
 from altgrad.report.cells import Cell, describe, varying_fields
 from altgrad.report.load import STATES, Sweep
-from altgrad.report.order import FORMAT_ORDER, rank
+from altgrad.report.order import FORMAT_ORDER, REFERENCE_FORMATS, rank
 from altgrad.report.stages import FormatAttribution
 from altgrad.report.stats import spearman
 from altgrad.report.tables import ci_text, num, sig
@@ -47,11 +47,13 @@ def evidence_base(sweep: Sweep, cells: Sequence[Cell]) -> list[str]:
 
 def answer(benefits: Sequence[Benefit]) -> list[str]:
     """Which format benefits most, or why that cannot be said."""
-    if not benefits:
-        return [("**Insufficient evidence:** no format has both AdamW and a ULP-aware optimizer (manifold, grid, "
-                 "madam) in the same storage, so no benefit can be computed.")]
-    improving = sorted((b for b in benefits if b.improves), key=lambda b: b.diff.diff.mean)
     _label = _labeller(benefits)
+    references = [b for b in benefits if b.treatment["format"] in REFERENCE_FORMATS]
+    benefits = [b for b in benefits if b.treatment["format"] not in REFERENCE_FORMATS]
+    if not benefits:
+        return [("**Insufficient evidence:** no 8-bit format has both AdamW and a ULP-aware optimizer (manifold, "
+                 "grid, madam) in the same storage, so no benefit can be computed.")] + _reference_line(references)
+    improving = sorted((b for b in benefits if b.improves), key=lambda b: b.diff.diff.mean)
     lines = []
     if improving:
         best = improving[0]
@@ -90,7 +92,17 @@ def answer(benefits: Sequence[Benefit]) -> list[str]:
             lines.append(f"Divergence differs in {b.treatment['format']}: {_label(b)} diverged in {nt}/"
                          f"{len(b.treatment.jobs)} runs, AdamW in {nb}/{len(b.baseline.jobs)} (diverged runs are "
                          "left out of Δ).")
-    return lines
+    return lines + _reference_line(references)
+
+
+def _reference_line(references: Sequence[Benefit]) -> list[str]:
+    """The same comparison in the wide formats: a gain there too is not specific to coarse 8-bit grids."""
+    if not references:
+        return []
+    label = _labeller(references)
+    return ["For comparison, in the reference formats: " + "; ".join(
+        f"{b.treatment['format']} {label(b)} Δ = {num(b.diff.diff.mean, signed=True)} ({b.diff.mark})"
+        for b in references) + " — a gain there is not specific to an 8-bit grid."]
 
 
 def failure_lines(attributions: Sequence[FormatAttribution], threshold: float) -> list[str]:

@@ -130,6 +130,22 @@ def test_findings_answer(ab_sweep: Path) -> None:
     assert why[0].startswith("Across 4 formats, Spearman ρ between AdamW's mean stall ratio and the best Δ is -0.80")
 
 
+def test_answer_is_about_8bit_formats_with_wide_ones_for_comparison(tmp_path: Path) -> None:
+    for seed in range(3):
+        for fmt, gain in (("fp32", 0.3), ("e4m3", 0.1)):
+            write_job(tmp_path / f"{fmt}a{seed}", fmt=fmt, optimizer="adamw", seed=seed, final=3.0 + 0.01 * seed)
+            write_job(tmp_path / f"{fmt}m{seed}", fmt=fmt, optimizer="manifold", seed=seed,
+                      final=3.0 - gain + 0.011 * seed)
+    lines = answer(ulp_benefits(group_cells(load_sweeps([tmp_path]).jobs)))
+    assert lines[0].startswith("**Answer: e4m3 benefits most**")
+    assert lines[-1].startswith("For comparison, in the reference formats: fp32 manifold[update], fp32 master "
+                                "Δ = -0.2990 (**)")
+    fp32_jobs = [j for j in load_sweeps([tmp_path]).jobs if j.format == "fp32"]
+    only_fp32 = answer(ulp_benefits(group_cells(fp32_jobs)))
+    assert only_fp32[0].startswith("**Insufficient evidence:** no 8-bit format has both")
+    assert only_fp32[1].startswith("For comparison, in the reference formats: fp32")
+
+
 def test_findings_say_when_evidence_is_insufficient(tmp_path: Path) -> None:
     for i, (opt, loss) in enumerate([("adamw", 3.0), ("manifold", 2.5)]):
         write_job(tmp_path / str(i), fmt="e4m3", optimizer=opt, seed=0, final=loss)
@@ -140,7 +156,9 @@ def test_findings_say_when_evidence_is_insufficient(tmp_path: Path) -> None:
     assert "Largest point estimate, not significant: e4m3 manifold[update]" in lines[0]
     assert why_lines(ulp_benefits(cells), cells)[0].startswith("Too few formats")
     only_adamw = group_cells(load_sweeps([tmp_path / "0"]).jobs)
-    assert answer(ulp_benefits(only_adamw))[0].startswith("**Insufficient evidence:** no format has both AdamW")
+    expected = ("**Insufficient evidence:** no 8-bit format has both AdamW and a ULP-aware optimizer (manifold, "
+                "grid, madam) in the same storage, so no benefit can be computed.")
+    assert answer(ulp_benefits(only_adamw)) == [expected]
 
 
 def test_stability_threshold_from_lr_scan(tmp_path: Path) -> None:
