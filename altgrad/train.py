@@ -45,7 +45,7 @@ def _instantiate_mapping(node: DictConfig | None) -> list[Any]:
 
 
 def build_callbacks(cfg: DictConfig, run_dir: Path) -> list[L.Callback]:
-    """The configured callbacks (cfg.callbacks, in order), then the always-on checkpointing and progress bar."""
+    """Quantization + fingerprint, the configured callbacks (cfg.callbacks, in order), checkpointing, progress bar."""
     from lightning.pytorch.callbacks import ProgressBar, TQDMProgressBar
 
     from altgrad.checkpoint import LastCheckpoint
@@ -58,7 +58,14 @@ def build_callbacks(cfg: DictConfig, run_dir: Path) -> list[L.Callback]:
             items.pop("v_num", None)
             return items
 
-    callbacks = _instantiate_mapping(cfg.get("callbacks"))
+    from altgrad.callbacks.fake_quant import FakeQuantCallback
+    from altgrad.callbacks.fingerprint import FingerprintCallback
+
+    # Quantization surgery comes first: every other callback sees the quantized model, and (master=none) the
+    # weights are back on their grid before any instrument reads them after a step.
+    quant = FakeQuantCallback(cfg.format, cfg.layer_map, master=cfg.quant.master,
+                              storage_rounding=cfg.quant.storage_rounding, seed=cfg.seed, run_dir=run_dir)
+    callbacks = [quant, FingerprintCallback(), *_instantiate_mapping(cfg.get("callbacks"))]
     callbacks.append(LastCheckpoint(run_dir / "checkpoints", cfg.trainer.checkpoint_every_n_steps))
     if not any(isinstance(c, ProgressBar) for c in callbacks):
         callbacks.append(LossProgressBar(refresh_rate=cfg.trainer.progress_refresh))
@@ -301,10 +308,11 @@ def main(cfg: DictConfig) -> None:
     from hydra.types import RunMode
 
     from altgrad.data.sources import DataUnavailableError
+    from altgrad.quant.layer_map import LayerMapError
 
     try:
         summary = train(cfg)
-    except (ConfigError, DataUnavailableError) as err:
+    except (ConfigError, DataUnavailableError, LayerMapError) as err:
         # Known, user-fixable problems: one line, no traceback. A multirun re-raises so the other jobs go on and
         # Hydra reports the failure at the end.
         print(f"error: {err}", file=sys.stderr, flush=True)

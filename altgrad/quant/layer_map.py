@@ -26,6 +26,11 @@ from altgrad.quant.format import FloatFormat, get_format, list_formats
 from altgrad.quant.spec import QuantSpec, ScalingSpec
 
 ROLES = ("weight", "input", "grad")
+
+
+class LayerMapError(ValueError):
+    """A format or layer-map setting that cannot work; the message names the rule/key and what is valid."""
+
 RULE_KEYS = ("match", *ROLES)
 UNQUANTIZED = ("none", "null", "fp32", "off")
 SPEC_KEYS = ("format", "rounding", "overflow", "scaling")
@@ -203,7 +208,13 @@ class LayerMap:
 
     @classmethod
     def from_config(cls, layer_map_cfg: Mapping[str, Any], format_cfg: Mapping[str, Any]) -> "LayerMap":
-        return cls(collect_rules(layer_map_cfg), FormatDefaults.from_config(format_cfg))
+        """From the ``layer_map`` and ``format`` config groups; any bad value raises LayerMapError."""
+        try:
+            return cls(collect_rules(layer_map_cfg), FormatDefaults.from_config(format_cfg))
+        except LayerMapError:
+            raise
+        except (ValueError, TypeError) as err:
+            raise LayerMapError(f"format/layer_map: {err}") from None
 
     @staticmethod
     def _check_rule(index: int, rule: Any) -> dict[str, Any]:
@@ -231,7 +242,7 @@ class LayerMap:
             pattern = _expand_last(rule["match"], names)
             hits = [n for n in names if fnmatch.fnmatchcase(n, pattern)]
             if not hits:
-                raise ValueError(f"layer_map rule {i} match {rule['match']!r} matches no Linear; "
+                raise LayerMapError(f"layer_map rule {i} match {rule['match']!r} matches no Linear; "
                                  f"Linear modules are: {', '.join(names)}")
             for role in ROLES:
                 if role in rule:
