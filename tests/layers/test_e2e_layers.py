@@ -25,7 +25,8 @@ TINY = [
 
 
 def run_train(run_dir: Path, *overrides: str, cache: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "ALTGRAD_CACHE": str(cache), "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1",
+    # eager quantization kernels: compiling them would dominate a 20-step run (compiled == eager is tested in tests/quant)
+    env = {**os.environ, "ALTGRAD_CACHE": str(cache), "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1", "ALTGRAD_COMPILE": "0",
            "HF_DATASETS_OFFLINE": "1"}
     cmd = [sys.executable, "-m", "altgrad.train", *TINY, *overrides, f"hydra.run.dir={run_dir}"]
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
@@ -57,22 +58,43 @@ CASES = {
 }
 
 
+@pytest.fixture(scope="module")
+def case_runs(tmp_path_factory, cache) -> dict[str, tuple[Path, subprocess.CompletedProcess]]:
+    """Each CASES run once for the module (a subprocess run costs seconds of imports on a 2-core machine)."""
+    runs = {}
+    for case, (overrides, _) in CASES.items():
+        run_dir = tmp_path_factory.mktemp(case)
+        runs[case] = (run_dir, run_train(run_dir, *overrides, cache=cache))
+    return runs
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_quantized_run_writes_layer_map_and_trains(case, tmp_path, cache):
-    overrides, expected = CASES[case]
-    proc = run_train(tmp_path, *overrides, cache=cache)
+def test_quantized_run_writes_layer_map_and_trains(case, case_runs):
+    run_dir, proc = case_runs[case]
     assert proc.returncode == 0, proc.stderr[-3000:]
-    layer_map = json.loads((tmp_path / "layer_map.json").read_text())
+    layer_map = json.loads((run_dir / "layer_map.json").read_text())
     assert len(layer_map) == 9  # 4 Linears per block x 2 + lm_head
-    for name, formats in expected.items():
+    for name, formats in CASES[case][1].items():
         assert formats_of(layer_map, name) == formats
     QuantSpec.from_dict(layer_map["lm_head"]["weight"])  # the JSON round-trips into a spec
     assert layer_map["lm_head"]["tied"] is True
-    summary = summary_of(tmp_path)
+    summary = summary_of(run_dir)
     assert summary["status"] in {"completed", "diverged"}
     if summary["status"] == "completed":
         assert math.isfinite(summary["final_val_loss"])
     assert "Layer precision" in proc.stdout
+
+
+def test_runs_differing_only_in_format_share_init_and_batches(case_runs, cache, tmp_path):
+    fingerprints = [summary_of(case_runs[c][0])["fingerprint"] for c in ("e4m3", "e7m0_attn_bf16")]
+    assert fingerprints[0]["init_params"] == fingerprints[1]["init_params"]
+    assert fingerprints[0]["batches"] == fingerprints[1]["batches"]
+    assert len(fingerprints[0]["batches"]) == 64
+    # and the fingerprint does see a different seed
+    other = run_train(tmp_path, "format=e4m3", "seed=2", "trainer.max_steps=4", cache=cache)
+    assert other.returncode == 0, other.stderr[-3000:]
+    seed2 = summary_of(tmp_path)["fingerprint"]
+    assert seed2["init_params"] != fingerprints[0]["init_params"] and seed2["batches"] != fingerprints[0]["batches"]
 
 
 def test_master_none_checkpoint_weights_are_on_the_grid(tmp_path, cache):
@@ -95,18 +117,6 @@ def test_master_none_checkpoint_weights_are_on_the_grid(tmp_path, cache):
         assert torch.equal(quantize(w * s, spec.format) / s, w), name
         checked += 1
     assert checked == 8
-
-
-def test_runs_differing_only_in_format_share_init_and_batches(tmp_path, cache):
-    fingerprints = []
-    for fmt in ("fp32", "e7m0"):
-        run_dir = tmp_path / fmt
-        proc = run_train(run_dir, f"format={fmt}", "trainer.max_steps=4", cache=cache)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        fingerprints.append(summary_of(run_dir)["fingerprint"])
-    assert fingerprints[0]["init_params"] == fingerprints[1]["init_params"]
-    assert fingerprints[0]["batches"] == fingerprints[1]["batches"]
-    assert len(fingerprints[0]["batches"]) == 64
 
 
 def test_unmatched_rule_fails_cleanly(tmp_path, cache):
