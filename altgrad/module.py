@@ -80,7 +80,7 @@ class AltGradModule(L.LightningModule):
         self.schedule = schedule
         self.compile_model = compile
         self.peak_flops = peak_flops
-        self.val_loss = MeanMetric()
+        self.val_loss = MeanMetric(nan_strategy="disable")  # a NaN loss must show, not be dropped
         self.run_summary: dict[str, Any] = {"diagnostics": {}, "fallbacks": []}
         self.tokens_seen = 0
         self.train_seconds = 0.0

@@ -255,7 +255,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         _finish_wandb(failed=summary["status"] == "failed")
         summary["wall_seconds"] = time.perf_counter() - started
         write_summary(run_dir, summary)
-    return summary
+    return _plain(summary)  # exactly what summary.json holds
 
 
 def _finish_wandb(failed: bool) -> None:

@@ -48,8 +48,13 @@ GRAMMAR: dict[str, list[str]] = {
     ],
     "report_item": ["emissions", "energy consumption", "public procurement", "state aid", "serious incidents"],
     "service": ["port services", "air transport services", "payment services", "postal services", "rail services"],
-    "beneficiary": ["passengers", "consumers", "workers", "persons with disabilities", "small and medium-sized enterprises"],
-    "crime": ["money laundering or terrorist financing", "tax evasion", "fraud affecting the financial interests of the Union"],
+    "beneficiary": [
+        "passengers", "consumers", "workers", "persons with disabilities", "small and medium-sized enterprises",
+    ],
+    "crime": [
+        "money laundering or terrorist financing", "tax evasion",
+        "fraud affecting the financial interests of the Union",
+    ],
     "system": ["EU information systems", "electronic health records", "tachographs", "electronic identification means"],
     "field": ["borders and visa", "police and judicial cooperation", "asylum and migration", "road transport"],
     "technology": ["artificial intelligence", "digital services", "electronic signatures", "crypto-assets"],
@@ -173,7 +178,9 @@ GRAMMAR: dict[str, list[str]] = {
         "a high level of protection of {beneficiary}", "the proper functioning of the internal market",
         "legal certainty for {actor_plural}", "the {policy_goal}", "a level playing field for {actor_plural}",
     ],
-    "object_lc": ["common rules on {object_kind}", "minimum requirements for {object_kind}", "a procedure for {gerund}"],
+    "object_lc": [
+        "common rules on {object_kind}", "minimum requirements for {object_kind}", "a procedure for {gerund}",
+    ],
     "object_kind": ["{product}", "{service}", "the {report}", "{data_kind}", "the supervision of {institution}"],
     "chapter_title": [
         "GENERAL PROVISIONS", "OBLIGATIONS OF {actor_plural_uc}", "SUPERVISION AND ENFORCEMENT", "PENALTIES",

@@ -116,6 +116,8 @@ class TextDataModule(L.LightningDataModule):
         self._tokenizer: tiktoken.Encoding | None = None
         self.train_tokens: np.ndarray | None = None
         self.val_tokens: np.ndarray | None = None
+        self._cache_path: Path | None = None
+        self._identity: dict[str, Any] = {}
 
     # -- identity and cache ----------------------------------------------------------------------------------------
     @property
@@ -144,7 +146,13 @@ class TextDataModule(L.LightningDataModule):
         return {"source": self.source, "tokenizer": self.tokenizer_name, "version": TOKEN_CACHE_VERSION, **ident}
 
     def cache_path(self) -> Path:
-        ident = self.source_identity()
+        """The token file for this source and tokenizer (computed once, so a run never switches files midway)."""
+        if self._cache_path is None:
+            self._cache_path = self._compute_cache_path()
+        return self._cache_path
+
+    def _compute_cache_path(self) -> Path:
+        ident = self._identity = self.source_identity()
         digest = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
         label = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{self.name}-{self.tokenizer_name}")
         return self.cache_dir / "tokens" / f"{label}-v{TOKEN_CACHE_VERSION}-{digest}.bin"
@@ -172,8 +180,8 @@ class TextDataModule(L.LightningDataModule):
         tmp = path.with_name(f"{path.name}.{uuid.uuid4().hex}.tmp")
         tokens.tofile(tmp)
         os.replace(tmp, path)
-        meta = {**self.source_identity(), "n_tokens": int(tokens.size), "n_docs": n_docs, "dtype": dtype.name,
-                "vocab_size": enc.n_vocab}
+        meta = {"identity": self._identity, "source": self.source, "n_tokens": int(tokens.size), "n_docs": n_docs,
+                "dtype": dtype.name, "vocab_size": enc.n_vocab}
         tmp_meta = path.with_name(f"{path.stem}.{uuid.uuid4().hex}.json.tmp")
         tmp_meta.write_text(json.dumps(meta, indent=2))
         os.replace(tmp_meta, path.with_suffix(".json"))

@@ -1,0 +1,54 @@
+# AltGrad: the README's two commands are `make train` and `make test`; each sets up .venv first when needed.
+# Variables: PYTHON (interpreter that creates .venv), ARGS (extra overrides), EXP (experiment for `sweep`),
+# RUN (sweep dir for `report`), NAME (benchmark for `bench`), TORCH_INDEX (extra index for the CPU torch wheel).
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+TORCH_VERSION := 2.13.0
+TORCH_INDEX ?=
+ARGS ?=
+EXP ?= seeds
+NAME ?= all
+RUN ?= $(lastword $(sort $(wildcard multirun/*/*)))
+
+.DEFAULT_GOAL := help
+.PHONY: install train test test-slow sweep report bench lint clean help
+
+# torch goes in first, pinned to the CPU build: a looser spec would pull the multi-GB CUDA wheels.
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX)) torch==$(TORCH_VERSION)
+	$(BIN)/pip install -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP) ## create .venv (if missing), install the CPU torch wheel, then altgrad[dev]
+
+train: $(STAMP) ## train the default nanoGPT on the embedded corpus (≈2 min on 2 CPU cores); ARGS='key=value ...'
+	$(BIN)/python -m altgrad.train $(ARGS)
+
+test: $(STAMP) ## run the test suite (slow end-to-end tests excluded)
+	$(BIN)/python -m pytest -q $(ARGS)
+
+test-slow: $(STAMP) ## run only the slow tests (full default run, torch.compile, ...)
+	$(BIN)/python -m pytest -q -m slow $(ARGS)
+
+sweep: $(STAMP) ## multirun an experiment: make sweep EXP=seeds ARGS='trainer.max_steps=100'
+	$(BIN)/python -m altgrad.train -m experiment=$(EXP) $(ARGS)
+
+report: $(STAMP) ## report on a sweep (default: the latest multirun/DATE/TIME): make report RUN=multirun/...
+	$(if $(RUN),,$(error no multirun/DATE/TIME folder yet: run `make sweep` first or pass RUN=...))
+	$(BIN)/python -m altgrad.report $(RUN) $(ARGS)
+
+bench: $(STAMP) ## micro-benchmarks: make bench NAME=quantize (default: all)
+	$(BIN)/python -m altgrad.bench $(NAME) $(ARGS)
+
+lint: $(STAMP) ## ruff over the package and the tests
+	$(BIN)/ruff check altgrad tests
+
+clean: ## remove run outputs and caches (keeps .venv and the token cache in ~/.cache/altgrad)
+	rm -rf outputs multirun wandb lightning_logs .pytest_cache .ruff_cache .hypothesis
+	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -exec rm -rf {} +
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
