@@ -68,7 +68,6 @@ class FallbackCallback(L.Callback):
             return
         stats = torch.stack([q.stats.detach().float() for _, _, q in roles]).cpu()
         flips = next((cb for cb in trainer.callbacks if isinstance(cb, FlipCallback)), None)
-        switched = False
         for (layer, role, q), s in zip(roles, stats):
             overflow = bool(s[_NONFINITE] > 0) or float(s[_SATURATED]) > self.saturation_threshold
             stall_ratio = flips.latest.get(layer, {}).get("stall_ratio") if flips and role == "weight" else None
@@ -78,19 +77,17 @@ class FallbackCallback(L.Callback):
                 self._counts[key] = self._counts.get(key, 0) + 1 if bad else 0
                 if self._counts[key] >= self.patience and key not in self._done:
                     self._done.add(key)
-                    switched |= self._switch(trainer, pl_module, layer, role, q, reason)
-        if switched and flips is not None:
-            flips.refresh(pl_module)
+                    self._switch(trainer, pl_module, layer, role, q, reason)
 
     def _switch(self, trainer: L.Trainer, pl_module: L.LightningModule, layer: str, role: str,
-                q: torch.nn.Module, reason: str) -> bool:
+                q: torch.nn.Module, reason: str) -> None:
         old = q.spec.format
         new = self.overflow_format if reason == "overflow" else self.stall_format
         wider = new.ebits > old.ebits if reason == "overflow" else new.mbits > old.mbits
         if not wider:
             log.warning("fallback for %s/%s (%s) refused: %s is not wider than %s", layer, role, reason,
                         new.name, old.name)
-            return False
+            return
         switch_format(q, new)
         event = {"step": trainer.global_step, "layer": layer, "role": role, "reason": reason,
                  "from": old.name, "to": new.name}
@@ -100,4 +97,3 @@ class FallbackCallback(L.Callback):
             logger.log_metrics({f"fallback/{layer}/{role}/switched": 1.0}, step=trainer.global_step)
         log.warning("fallback at step %d: %s/%s %s → %s (%s)", trainer.global_step, layer, role, old.name,
                     new.name, reason)
-        return True

@@ -1,10 +1,11 @@
 """Flips, stalls, oscillations and descent quality of every quantized weight, at every optimizer step.
 
-Per step and tensor, vectorised and without host syncs: the weight's grid index before the step (uint8 for 8-bit
-formats, on the scale in force before the step) is compared with the index after it, once FakeQuantCallback has
-applied the storage policy (it runs first). The intended update is the optimizer's own change of the stored weight,
-read by an optimizer step post-hook, before any snapping. Counts accumulate on the device and are logged as means
-over each interval:
+Per step and tensor, vectorised and without host syncs: the weight's quantized value before the step (on the scale
+in force before the step) is compared with its quantized value after it, on the same grid, once FakeQuantCallback
+has applied the storage policy (it runs first). The intended update is the optimizer's own change of the stored
+weight, read by an optimizer step post-hook, before any snapping. The per-step work is one fused kernel per tensor
+(under ALTGRAD_COMPILE, like the quantizers). Counts accumulate on the device and are logged as means over each
+interval:
 - ``flip_rate``: share of weights whose quantized value changed;
 - ``stall_ratio``: 1 − flips / weights that received a nonzero update;
 - ``oscillation_rate``: bias-corrected EMA of the share of weights whose flip reversed their previous flip
@@ -21,16 +22,12 @@ import lightning as L
 import torch
 
 from altgrad.callbacks.base import Instrument, backbone, mean, metric_name, quantized_weights
-from altgrad.diagnostics import (
-    ema_debiased,
-    ema_update,
-    flip_step,
-    grid_index,
-    grid_midpoints,
-    index_dtype,
-    stall_ratio,
-)
+from altgrad.diagnostics import ema_debiased, ema_update, flip_counts, stall_ratio
+from altgrad.quant import quantize_scaled
+from altgrad.quant.fused import fused
 from altgrad.quant.layers import QuantLinear
+
+_flip_counts = fused(flip_counts)
 
 
 @dataclass
@@ -39,17 +36,14 @@ class _Tracked:
 
     name: str
     layer: QuantLinear
-    grid: torch.Tensor
-    midpoints: torch.Tensor
-    dtype: torch.dtype
-    last_direction: torch.Tensor
-    acc: torch.Tensor            # [flips, updated, reversals, descent_cos sum, steps] over the interval
+    last_direction: torch.Tensor  # int8: −1/0/+1, direction of each weight's last flip
+    acc: torch.Tensor             # [flips, updated, reversals, descent_cos sum, steps] over the interval
     osc_ema: torch.Tensor
     osc_steps: int = 0
     scale: torch.Tensor | None = None
-    index_before: torch.Tensor | None = None
-    weight_before: torch.Tensor | None = None
-    intended: torch.Tensor | None = None
+    q_before: torch.Tensor | None = None
+    delta: torch.Tensor | None = None  # the weight before the step; the intended update once the step ran
+    stepped: bool = False
 
 
 class FlipCallback(Instrument):
@@ -76,10 +70,8 @@ class FlipCallback(Instrument):
         self.tracked = []
         for name, ql in quantized_weights(backbone(pl_module)):
             w = ql.weight
-            grid = ql.weight_q.spec.format.values().to(w.device)
             self.tracked.append(_Tracked(
-                name=name, layer=ql, grid=grid, midpoints=grid_midpoints(grid), dtype=index_dtype(grid.numel()),
-                last_direction=torch.zeros(w.shape, dtype=torch.int8, device=w.device),
+                name=name, layer=ql, last_direction=torch.zeros(w.shape, dtype=torch.int8, device=w.device),
                 acc=torch.zeros(5, dtype=torch.float32, device=w.device),
                 osc_ema=torch.zeros((), dtype=torch.float32, device=w.device)))
         for opt in trainer.optimizers:
@@ -90,17 +82,13 @@ class FlipCallback(Instrument):
             h.remove()
         self._hooks = []
 
-    def refresh(self, pl_module: L.LightningModule) -> None:
-        """Re-read the layers' grids (after a format fallback swapped a quantizer's spec)."""
-        by_name = dict(quantized_weights(backbone(pl_module)))
-        for t in self.tracked:
-            ql = by_name.get(t.name)
-            if ql is None:
-                continue
-            grid = ql.weight_q.spec.format.values().to(t.grid.device)
-            t.layer, t.grid, t.midpoints, t.dtype = ql, grid, grid_midpoints(grid), index_dtype(grid.numel())
-
     # -- per step ------------------------------------------------------------------------------------------------
+    @staticmethod
+    def _quantized(t: _Tracked, w: torch.Tensor) -> torch.Tensor:
+        """q(w·s)/s on the grid of the scale recorded before the step (round to nearest)."""
+        q = t.layer.weight_q
+        return quantize_scaled(w, q.spec.format, t.scale, "nearest", q.spec.overflow)
+
     @torch.no_grad()
     def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: Any) -> None:
         if trainer.sanity_checking:
@@ -108,9 +96,9 @@ class FlipCallback(Instrument):
         for t in self.tracked:
             w = t.layer.weight.detach()
             t.scale = t.layer.weight_q.scale_for(w).detach().float()
-            t.index_before = grid_index(w * t.scale, t.midpoints, t.dtype)
-            t.weight_before = w.clone()
-            t.intended = None
+            t.q_before = self._quantized(t, w)
+            t.delta = w.clone()
+            t.stepped = False
         self._pending = True
 
     @torch.no_grad()
@@ -118,8 +106,9 @@ class FlipCallback(Instrument):
         if not self._pending:
             return
         for t in self.tracked:
-            if t.weight_before is not None:
-                t.intended = t.layer.weight.detach() - t.weight_before
+            if t.delta is not None and not t.stepped:
+                torch.sub(t.layer.weight.detach(), t.delta, out=t.delta)  # intended = w_after_step − w_before
+                t.stepped = True
 
     @torch.no_grad()
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
@@ -128,18 +117,16 @@ class FlipCallback(Instrument):
             return
         self._pending = False
         for t in self.tracked:
-            if t.index_before is None:
+            if t.q_before is None:
                 continue
             w = t.layer.weight.detach()
-            index_after = grid_index(w * t.scale, t.midpoints, t.dtype)
-            intended = t.intended if t.intended is not None else w - t.weight_before
-            applied = (t.grid[index_after.long()] - t.grid[t.index_before.long()]) / t.scale
-            step, t.last_direction = flip_step(t.index_before, index_after, intended, applied, t.last_direction)
-            t.acc += torch.stack([step.flips.float(), step.updated.float(), step.reversals.float(),
-                                  step.descent_cos, torch.ones_like(step.descent_cos)])
-            t.osc_ema = ema_update(t.osc_ema, step.reversals.float() / w.numel(), self.momentum)
+            if not t.stepped:  # no optimizer post-hook ran (e.g. a custom loop): the stored change is the intent
+                torch.sub(w, t.delta, out=t.delta)
+            counts, t.last_direction = _flip_counts(t.q_before, self._quantized(t, w), t.delta, t.last_direction)
+            t.acc += torch.cat([counts, counts.new_ones(1)])
+            t.osc_ema = ema_update(t.osc_ema, counts[2] / w.numel(), self.momentum)
             t.osc_steps += 1
-            t.index_before = t.weight_before = t.intended = None
+            t.q_before = t.delta = t.scale = None
         if self._due:
             self._log(trainer, pl_module)
 

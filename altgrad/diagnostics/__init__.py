@@ -8,6 +8,7 @@ from altgrad.diagnostics.flips import (
     FlipStep,
     ema_debiased,
     ema_update,
+    flip_counts,
     flip_step,
     grid_index,
     grid_midpoints,
@@ -21,8 +22,8 @@ from altgrad.diagnostics.spectrum import effective_rank, stable_rank
 from altgrad.diagnostics.stiffness import log2_stiffness, pearson
 
 __all__ = [
-    "DivergenceDetector", "FlipStep", "KURTOSIS_WARNING", "attention_entropy", "attention_probs", "clip_to_range_",
-    "code_histogram", "cosine", "effective_rank", "ema_debiased", "ema_update", "entropy_bits", "flip_step",
-    "format_octaves", "grid_index", "grid_midpoints", "index_dtype", "kurtosis", "log2_stiffness", "pearson",
-    "range_limit", "range_use", "snr_db", "stable_rank", "stall_ratio",
+    "DivergenceDetector", "FlipStep", "KURTOSIS_WARNING", "attention_entropy", "attention_probs",
+    "clip_to_range_", "code_histogram", "cosine", "effective_rank", "ema_debiased", "ema_update", "entropy_bits",
+    "flip_counts", "flip_step", "format_octaves", "grid_index", "grid_midpoints", "index_dtype", "kurtosis",
+    "log2_stiffness", "pearson", "range_limit", "range_use", "snr_db", "stable_rank", "stall_ratio",
 ]

@@ -1,8 +1,9 @@
-"""Flips, stalls and oscillations of quantized weights, from grid indices before and after an optimizer step.
+"""Flips, stalls and oscillations of quantized weights across an optimizer step; grid indices of values.
 
-A weight's *grid index* is the position of its quantized value in the format's sorted value list (monotone in the
-value, unlike sign-magnitude codes, and one index per value, so ±0 never count as a flip). Indices are computed on
-a fixed grid (the scale in force before the step), so a change of the tensor's scale does not count as a flip.
+A flip is a change of a weight's quantized value, both sides quantized on the same grid (the scale in force before
+the step), so a change of the tensor's scale is not a flip, and ±0 are one value. A weight's *grid index* is the
+position of its quantized value in the format's sorted value list (monotone in the value, unlike sign-magnitude
+codes): the latent integer state, used for code histograms and trajectories.
 """
 
 from __future__ import annotations
@@ -42,37 +43,49 @@ def grid_index(x_scaled: torch.Tensor, midpoints: torch.Tensor, dtype: torch.dty
 class FlipStep(NamedTuple):
     """Counts for one optimizer step of one tensor (0-d tensors on the input's device; no host sync)."""
 
-    flips: torch.Tensor        # weights whose grid index changed
+    flips: torch.Tensor        # weights whose quantized value changed
     updated: torch.Tensor      # weights whose intended update was nonzero
     reversals: torch.Tensor    # flips opposite in direction to that weight's previous flip
     descent_cos: torch.Tensor  # cosine(intended update, applied change of the quantized weight)
 
 
-def flip_step(
-    index_before: torch.Tensor,
-    index_after: torch.Tensor,
+def flip_counts(
+    q_before: torch.Tensor,
+    q_after: torch.Tensor,
     intended: torch.Tensor,
-    applied: torch.Tensor,
+    last_direction: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """[flips, updated, reversals, descent_cos] as one float32 tensor, and the new last-flip direction (int8).
+
+    The tensor form of :func:`flip_step` (a pure elementwise + reduction function, so it fuses under compile).
+    """
+    applied = q_after - q_before
+    direction = torch.sign(applied).to(torch.int8)
+    flipped = direction != 0
+    reversed_ = flipped & (direction * last_direction < 0)
+    new_last = torch.where(flipped, direction, last_direction)
+    counts = torch.stack([flipped.sum().float(), (intended != 0).sum().float(), reversed_.sum().float(),
+                          cosine(intended, applied)])
+    return counts, new_last
+
+
+def flip_step(
+    q_before: torch.Tensor,
+    q_after: torch.Tensor,
+    intended: torch.Tensor,
     last_direction: torch.Tensor,
 ) -> tuple[FlipStep, torch.Tensor]:
-    """Compare grid indices across one step; returns the counts and the updated last-flip direction (int8).
+    """Compare a tensor's quantized values across one optimizer step (both on the same grid: the scale in force
+    before the step); returns the counts and the updated last-flip direction (int8).
 
-    ``intended`` is the optimizer's change of the stored weight, ``applied`` the change of the quantized weight;
+    ``intended`` is the optimizer's change of the stored weight; the applied change is q_after − q_before;
     ``last_direction`` holds −1/0/+1 per weight: the direction of its most recent flip (0 = never flipped).
     Stall ratio over a window is 1 − Σflips / Σupdated; oscillation (Nagel et al. 2022) is a flip whose direction
     reverses the previous flip of the same weight.
     """
-    direction = torch.sign(index_after.to(torch.int32) - index_before.to(torch.int32)).to(torch.int8)
-    flipped = direction != 0
-    reversed_ = flipped & (direction * last_direction < 0)
-    new_last = torch.where(flipped, direction, last_direction)
-    step = FlipStep(
-        flips=flipped.sum(),
-        updated=(intended != 0).sum(),
-        reversals=reversed_.sum(),
-        descent_cos=cosine(intended, applied),
-    )
-    return step, new_last
+    counts, new_last = flip_counts(q_before, q_after, intended, last_direction)
+    flips, updated, reversals, descent_cos = counts.unbind()
+    return FlipStep(flips, updated, reversals, descent_cos), new_last
 
 
 def stall_ratio(flips: float, updated: float) -> float:

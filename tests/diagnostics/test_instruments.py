@@ -320,9 +320,10 @@ def test_fallback_refuses_a_narrower_target_and_is_off_by_default():
     assert "fallbacks" not in module.run_summary
 
 
-@pytest.mark.parametrize("cls,kw", [(StabilityCallback, {"every_n_steps": 0}), (FlipCallback, {"oscillation_momentum": 0}),
-                                    (BitsCallback, {"samples_per_tensor": -1}),
-                                    (FallbackCallback, {"patience": 0}), (ActivationCallback, {"max_sequences": 0})])
+@pytest.mark.parametrize("cls,kw", [
+    (StabilityCallback, {"every_n_steps": 0}), (FlipCallback, {"oscillation_momentum": 0}),
+    (BitsCallback, {"samples_per_tensor": -1}), (FallbackCallback, {"patience": 0}),
+    (ActivationCallback, {"max_sequences": 0})])
 def test_bad_settings_fail_with_a_clear_message(cls, kw):
     with pytest.raises(ValueError, match="valid"):
         cls(**kw)

@@ -63,34 +63,39 @@ def test_index_dtype_fits_the_grid():
 
 
 def test_an_update_that_flips_exactly_these_codes():
-    grid = torch.arange(-8, 9, dtype=torch.float32)  # unit grid: index = value + 8
+    grid = torch.arange(-8, 9, dtype=torch.float32)  # a unit grid
     mid = grid_midpoints(grid)
     w = torch.tensor([0.0, 1.0, 2.0, 3.0, -1.0, 4.0])
     intended = torch.tensor([0.7, 0.2, -0.6, 0.0, -0.45, 1.4])  # flips at 0, 2, 5; stalls at 1, 4; no update at 3
-    before, after = grid_index(w, mid), grid_index(w + intended, mid)
-    applied = grid[after.long()] - grid[before.long()]
-    step, last = flip_step(before, after, intended, applied, torch.zeros(6, dtype=torch.int8))
+    q_before = grid[grid_index(w, mid).long()]
+    q_after = grid[grid_index(w + intended, mid).long()]
+    step, last = flip_step(q_before, q_after, intended, torch.zeros(6, dtype=torch.int8))
     assert step.flips.item() == 3
     assert step.updated.item() == 5
     assert step.reversals.item() == 0
-    assert last.tolist() == [1, 0, -1, 0, 0, 1]
+    assert last.dtype == torch.int8 and last.tolist() == [1, 0, -1, 0, 0, 1]
     assert stall_ratio(step.flips.item(), step.updated.item()) == pytest.approx(1 - 3 / 5)
+    applied = q_after - q_before
+    assert applied.tolist() == [1, 0, -1, 0, 0, 1]
     expected_cos = float(torch.dot(intended, applied) / (intended.norm() * applied.norm()))
     assert step.descent_cos.item() == pytest.approx(expected_cos)
 
 
+def test_signed_zeros_are_one_value():
+    step, _ = flip_step(torch.tensor([0.0, 1.0]), torch.tensor([-0.0, 1.0]), torch.tensor([-1e-9, 0.0]),
+                        torch.zeros(2, dtype=torch.int8))
+    assert step.flips.item() == 0 and step.updated.item() == 1
+
+
 def test_an_oscillating_sequence_reverses_every_flip():
-    grid = torch.arange(0, 4, dtype=torch.float32)
-    mid = grid_midpoints(grid)
-    seq = [1.0, 2.0, 1.0, 2.0, 1.0]  # weight 0 oscillates; weight 1 walks up monotonically
+    seq = [1.0, 2.0, 1.0, 2.0, 1.0]  # weight 0 oscillates between two grid values; weight 1 walks up
     walk = [0.0, 1.0, 2.0, 3.0, 3.0]
     last = torch.zeros(2, dtype=torch.int8)
     reversals, flips = [], []
     for t in range(len(seq) - 1):
-        b = grid_index(torch.tensor([seq[t], walk[t]]), mid)
-        a = grid_index(torch.tensor([seq[t + 1], walk[t + 1]]), mid)
-        d = torch.tensor([seq[t + 1] - seq[t], walk[t + 1] - walk[t]])
-        step, last = flip_step(b, a, d, d, last)
+        b = torch.tensor([seq[t], walk[t]])
+        a = torch.tensor([seq[t + 1], walk[t + 1]])
+        step, last = flip_step(b, a, a - b, last)
         reversals.append(step.reversals.item())
         flips.append(step.flips.item())
     assert flips == [2, 2, 2, 1]
