@@ -28,7 +28,7 @@ CONF = Path(__file__).resolve().parents[2] / "conf"
 def nano_model(seed: int = 0) -> tuple[GPT, int]:
     """The `model=nano` preset as a plain GPT, and its block size."""
     cfg = OmegaConf.to_container(OmegaConf.load(CONF / "model" / "nano.yaml"), resolve=True)
-    fields = {k: v for k, v in cfg.items() if k in GPTConfig.__dataclass_fields__}
+    fields = {k: v for k, v in cfg.items() if k in GPTConfig.__dataclass_fields__ and v is not None}
     torch.manual_seed(seed)
     model = GPT(GPTConfig(**fields))
     return model, model.config.block_size
