@@ -57,6 +57,10 @@ class FloatFormat:
         if self.emin < _F32_EMIN:
             raise ValueError(f"FloatFormat.bias={self.bias} is too large: the smallest normal 2^(1-bias) must be "
                              f">= 2^{_F32_EMIN} (float32 carries the simulation); valid: bias <= {1 - _F32_EMIN}")
+        if self.emin - self.mbits > _F32_EMAX - 23:
+            raise ValueError(f"FloatFormat.bias={self.bias} is too small: the grid spacing 2^(1-bias-mbits) must be "
+                             f"<= 2^{_F32_EMAX - 23} (float32 carries the simulation); valid: bias >= "
+                             f"{1 - self.mbits - (_F32_EMAX - 23)}")
         if self.emax > _F32_EMAX:
             low = self._top_exponent_field() - _F32_EMAX
             raise ValueError(f"FloatFormat.bias={self.bias} is too small: max finite 2^{self.emax}·(…) overflows "

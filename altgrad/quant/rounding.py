@@ -1,11 +1,13 @@
 """quantize(x, fmt, rounding, overflow): put every element of x on a FloatFormat's grid, exactly and fast.
 
-The kernel works on the float32 bit pattern as int32 (no log2/frexp, no float rounding tricks that fast-math
-could break):
+The kernel works on the float32 bit pattern as int32 (no log2/frexp):
 - values at or above the format's smallest normal keep float32's exponent; rounding adds a bias to the low
   23 − M mantissa bits and masks them off, so a carry moves into the exponent exactly as it should;
-- values below it are rounded as a fixed-point integer k = |x| / 2^(emin−M) (exact shifts of the significand);
-- saturation/overflow, NaN, ±Inf and −0 follow the policy.
+- below it the grid is fixed-point with quantum q = 2^(emin−M): nearest uses |x| + C − C with C = 2^(emin−M+23)
+  (float32's own round-to-nearest-even at spacing q); the other modes round k = |x| / q as an integer
+  (exact shifts of the significand) and rebuild k·q as (C's bits + k) − C;
+- saturation/overflow, NaN, ±Inf and −0 follow the policy (inductor compiles with -fno-signed-zeros, so signs
+  are handled on the bits, never by float arithmetic).
 Round-to-nearest breaks ties towards the even *code*; for M = 0 the code's last bit is the exponent field's,
 whose parity differs from float32's when 127 − bias is odd, hence ``tie_flip``.
 Stochastic rounding adds uniform random bits below the cut, drawn inside the kernel from a counter-based
@@ -39,8 +41,8 @@ _MANT = 0x007FFFFF
 _HIDDEN = 0x00800000
 
 # Parameter-tensor slots (int32), derived once per (format, rounding, overflow, device).
-_P_SHIFT, _P_LOW, _P_HALF, _P_LSB, _P_FLIP, _P_EMIN32, _P_MCUT, _P_MAX, _P_OVF, _P_OVF_INF, _P_NZ, _P_QBITS, \
-    _P_MINNORM = range(13)
+_P_SHIFT, _P_LOW, _P_HALF, _P_LSB, _P_FLIP, _P_EMIN32, _P_MCUT, _P_MAX, _P_OVF, _P_OVF_INF, _P_NZ, _P_MAGIC, \
+    _P_EMIN_BITS = range(13)
 
 
 def _f32_bits(v: float) -> int:
@@ -51,6 +53,7 @@ def _f32_bits(v: float) -> int:
 def _params(fmt: FloatFormat, rounding: str, overflow: str) -> list[int]:
     """The constants of the kernel for one format, as int32 values."""
     shift = 23 - fmt.mbits
+    qexp = fmt.emin - fmt.mbits  # the quantum below the smallest normal is 2^qexp, qexp >= -149
     max_bits = _f32_bits(fmt.max)
     if overflow == "saturate" or fmt.policy == "finite":
         ovf = ovf_inf = max_bits
@@ -70,8 +73,8 @@ def _params(fmt: FloatFormat, rounding: str, overflow: str) -> list[int]:
         ovf,
         ovf_inf,
         _INT_MIN if fmt.has_negative_zero else 0,  # sign kept on a zero result?
-        _f32_bits(fmt.quantum),
-        _f32_bits(math.ldexp(1.0, fmt.emin)),
+        (qexp + 23 + 127) << 23,  # C = 2^(qexp+23): in [C, 2C) float32's ulp is the quantum q
+        (fmt.emin + 127) << 23,  # bit pattern of the smallest normal
     ]
 
 
@@ -109,25 +112,30 @@ def _round_bits(xf: torch.Tensor, p: torch.Tensor, rounding: str, r: torch.Tenso
         add = torch.zeros_like(a)
     normal = (a + add) & ~low
 
-    # Below the smallest normal: k = significand >> (extra exponent distance + 23 − M), rounded as an integer.
-    e32 = a >> 23
-    sig = torch.where(e32 > 0, (a & _MANT) | _HIDDEN, a)
-    dist = torch.clamp(p[_P_EMIN32] - torch.clamp(e32, min=1), min=0) + p[_P_MCUT]
-    # Keep shifts within int32: drop at most `pre` low bits first (≤ 2^-30 of an ulp, seen only by stochastic
-    # rounding); a distance beyond 61 leaves sg = 0, which every mode rounds to 0.
-    pre = torch.clamp(dist - 30, min=0, max=31)
-    sg = sig >> pre
-    sh = torch.clamp(dist - pre, max=30)
-    smask = (torch.ones_like(sh) << sh) - 1
+    # Below the smallest normal the grid is fixed-point with quantum q = 2^(emin−M).
+    c = p[_P_MAGIC].view(torch.float32)
     if rounding == "nearest":
-        sadd = (smask >> 1) + ((sg >> sh) & 1)
-    elif rounding == "stochastic":
-        sadd = r & smask
+        # |x| + C with C = 2^(emin−M+23) lands in [C, 2C), where float32's own spacing is q: the hardware's
+        # round-to-nearest-even does the work, and even there means an even k = the even code.
+        sub = ((a.view(torch.float32) + c) - c).view(torch.int32)
     else:
-        sadd = torch.zeros_like(sg)
-    k = (sg + sadd) >> sh
-    sub = (k.to(torch.float32) * p[_P_QBITS].view(torch.float32)).view(torch.int32)  # exact: k·2^(emin−M)
-    m = torch.where(e32 < p[_P_EMIN32], sub, normal)
+        # k = significand >> (extra exponent distance + 23 − M), rounded as an integer (exact control of the bits
+        # that are dropped, which stochastic rounding needs).
+        e32 = a >> 23
+        sig = torch.where(e32 > 0, (a & _MANT) | _HIDDEN, a)
+        dist = torch.clamp(p[_P_EMIN32] - torch.clamp(e32, min=1), min=0) + p[_P_MCUT]
+        # Keep shifts within int32: drop at most `pre` low bits first (≤ 2^-30 of an ulp, seen only by stochastic
+        # rounding); a distance beyond 61 leaves sg = 0, which every mode rounds to 0.
+        pre = torch.clamp(dist - 30, min=0, max=31)
+        sg = sig >> pre
+        sh = torch.clamp(dist - pre, max=30)
+        if rounding == "stochastic":
+            sadd = r & ((torch.ones_like(sh) << sh) - 1)
+        else:
+            sadd = torch.zeros_like(sg)
+        k = (sg + sadd) >> sh  # <= 2^M... 2^23: the bits of C + k·q are C's bits + k; subtracting C is exact
+        sub = ((p[_P_MAGIC] + k).view(torch.float32) - c).view(torch.int32)
+    m = torch.where(a < p[_P_EMIN_BITS], sub, normal)
 
     # Range, specials, sign.
     m = torch.where(m > p[_P_MAX], torch.where(a >= _INF, p[_P_OVF_INF], p[_P_OVF]), m)
