@@ -1,0 +1,191 @@
+"""Every option of every config group composes, validates and instantiates; bad values fail in one clear line."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+import hydra.utils
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from lightning.pytorch.loggers import CSVLogger, WandbLogger
+from omegaconf import DictConfig, OmegaConf
+
+from altgrad.config import ConfigError, valid_formats, validate
+from altgrad.data.datamodule import TextDataModule
+from altgrad.model import GPT, GPTConfig
+from altgrad.module import WarmupCosine, build_optimizer, param_groups
+from altgrad.preflight import check_overrides
+from altgrad.train import build_callbacks, build_loggers, build_module, build_trainer
+
+from conftest import REPO
+
+CONF = REPO / "conf"
+
+
+def group_options() -> list[tuple[str, str]]:
+    """(group, option) for every selectable group in conf/ (and hydra/launcher), as Hydra itself lists them."""
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        loader = GlobalHydra.instance().config_loader()
+        groups = [g for g in loader.list_groups("") if not g.startswith("_") and g != "hydra"] + ["hydra/launcher"]
+        return [(g, o) for g in groups for o in loader.get_group_options(g)]
+
+
+OPTIONS = group_options()
+
+
+def compose_cfg(tmp_path: Path, *overrides: str, hydra_cfg: bool = False) -> DictConfig:
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose("train", overrides=[f"paths.output_dir={tmp_path / 'run'}", *overrides],
+                       return_hydra_config=hydra_cfg)
+
+
+def test_every_group_has_options() -> None:
+    groups = {g for g, _ in OPTIONS}
+    assert {"format", "layer_map", "optimizer", "data", "model", "trainer", "logger", "callbacks", "experiment",
+            "hydra/launcher"} <= groups
+    assert {o for g, o in OPTIONS if g == "hydra/launcher"} >= {"basic", "joblib", "submitit_local",
+                                                                "submitit_slurm"}
+
+
+@pytest.mark.parametrize(("group", "option"), OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
+def test_option_composes_validates_and_instantiates(tmp_path: Path, group: str, option: str) -> None:
+    extra = []
+    if (group, option) == ("data", "local"):
+        (tmp_path / "corpus.txt").write_text("Article 1\nThis Regulation applies.\n" * 50)
+        extra = [f"data.path={tmp_path / 'corpus.txt'}"]
+    cfg = compose_cfg(tmp_path, f"{group}={option}", *extra, hydra_cfg=group.startswith("hydra"))
+    if group.startswith("hydra"):
+        # Hydra refuses to instantiate its own internal BasicLauncher declaratively; build each class directly.
+        params = OmegaConf.to_container(cfg.hydra.launcher, resolve=False)
+        module, name = params.pop("_target_").rsplit(".", 1)
+        launcher = getattr(importlib.import_module(module), name)(**params)
+        assert type(launcher).__name__.endswith("Launcher")
+        return
+    validate(cfg)
+    run_dir = Path(cfg.paths.output_dir)
+    if group == "data":
+        dm = hydra.utils.instantiate(cfg.data, _convert_="all")
+        assert isinstance(dm, TextDataModule) and dm.name == option
+    elif group == "model":
+        with torch.device("meta"):  # the big presets cost nothing on the meta device
+            model = GPT(GPTConfig(**{k: v for k, v in cfg.model.items() if k != "name"} | {"vocab_size": 257}))
+        assert model.num_params() > 0
+    elif group == "trainer":
+        if cfg.trainer.accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
+            cfg.trainer.accelerator = "cpu"  # same settings otherwise (bf16-mixed autocast exists on CPU too)
+        trainer = build_trainer(cfg, run_dir, build_callbacks(cfg, run_dir), [])
+        assert trainer.max_steps == cfg.trainer.max_steps
+    elif group == "optimizer":
+        factory = hydra.utils.instantiate({k: v for k, v in cfg.optimizer.items() if k not in ("name", "label")})
+        assert issubclass(factory.func, torch.optim.Optimizer)
+        if option == "adamw":
+            opt = build_optimizer(cfg.optimizer, GPT(GPTConfig(block_size=8, vocab_size=16, n_layer=1, n_head=1,
+                                                                n_embd=8)))
+            assert isinstance(opt, torch.optim.AdamW) and tuple(opt.defaults["betas"]) == (0.9, 0.99)
+    elif group in ("format", "layer_map"):
+        quant = pytest.importorskip("altgrad.callbacks.fake_quant")
+        callback = quant.FakeQuantCallback(OmegaConf.to_container(cfg.format, resolve=True),
+                                           OmegaConf.to_container(cfg.layer_map, resolve=True))
+        callback.apply(GPT(GPTConfig(block_size=8, vocab_size=16, n_layer=2, n_head=1, n_embd=8)))
+    elif group == "logger":
+        loggers = build_loggers(cfg, run_dir)
+        assert any(isinstance(lg, CSVLogger) and Path(lg.log_dir) == run_dir for lg in loggers)
+        for lg in loggers:
+            if isinstance(lg, WandbLogger):
+                assert lg._offline and lg.save_dir == str(run_dir)  # W&B never touches the network by default
+    elif group == "callbacks":
+        callbacks = build_callbacks(cfg, run_dir)
+        assert type(callbacks[-2]).__name__ == "LastCheckpoint"
+    elif group == "experiment":
+        module = build_module(cfg, 257)
+        assert module.model.config.n_layer == cfg.model.n_layer
+
+
+def test_experiment_sweeps_are_hydra_sweeper_params(tmp_path: Path) -> None:
+    cfg = compose_cfg(tmp_path, "experiment=seeds", hydra_cfg=True)
+    assert cfg.hydra.sweeper.params.seed == "1,2,3" and cfg.experiment_name == "seeds"
+
+
+# --- validation: one line naming key, value and what is valid -----------------------------------------------------
+@pytest.mark.parametrize(("override", "expected"), [
+    ("trainer.max_steps=abc", "trainer.max_steps='abc' is invalid: expected an integer"),
+    ("trainer.max_steps=0", "trainer.max_steps=0 is invalid: expected an integer >= 1"),
+    ("trainer.precision=fp8", "trainer.precision='fp8' is not valid; valid: 32-true"),
+    ("trainer.accelerator=tpu9", "trainer.accelerator='tpu9' is not valid; valid: cpu, gpu"),
+    ("model.n_head=3", "model.n_embd=128 is invalid: expected a multiple of model.n_head=3"),
+    ("model.dropout=1.5", "model.dropout=1.5 is invalid: expected a float in [0, 1)"),
+    ("data.tokenizer=klingon", "data.tokenizer='klingon' is not valid; valid: bytes, "),
+    ("data.val_fraction=0", "data.val_fraction=0.0 is invalid"),
+    ("optimizer.lr=-1", "optimizer.lr=-1.0 is invalid: expected a finite float > 0"),
+    ("format.name=e9m9", "format.name='e9m9' is not valid; valid: "),
+    ("format.rounding=up", "format.rounding='up' is not valid; valid: nearest, stochastic, toward_zero"),
+    ("quant.master=fp16", "quant.master='fp16' is not valid; valid: fp32, none"),
+    ("schedule.min_lr_ratio=2", "schedule.min_lr_ratio=2.0 is invalid"),
+    ("+trainer.foo=1", "trainer.foo is not a known key of trainer; valid: name, accelerator"),
+    ("+bogus=1", "bogus is not a known top-level key"),
+    ("seed=abc", "seed='abc' is invalid: expected an integer"),
+    ("ckpt_path=/no/such/run", "ckpt_path='/no/such/run' is not a checkpoint file or a run dir"),
+    ("data=local", "data.path is required for data=local"),
+])
+def test_bad_values_fail_in_one_line(tmp_path: Path, override: str, expected: str) -> None:
+    cfg = compose_cfg(tmp_path, override)
+    with pytest.raises(ConfigError) as err:
+        validate(cfg)
+    assert expected in str(err.value) and "\n" not in str(err.value)
+
+
+def test_format_names_come_from_the_quantization_core() -> None:
+    names = valid_formats()
+    assert "fp32" in names
+    quant = pytest.importorskip("altgrad.quant")
+    assert set(quant.list_formats()) <= set(names)
+
+
+def test_defaults_validate(tmp_path: Path) -> None:
+    cfg = compose_cfg(tmp_path)
+    sections = validate(cfg)
+    assert sections["model"].name == "nano" and sections["data"].tokenizer == "bytes"
+    assert cfg.data.cache_dir  # never inside the repo: ALTGRAD_CACHE or ~/.cache/altgrad
+    assert not Path(cfg.data.cache_dir).expanduser().resolve().is_relative_to(REPO)
+
+
+# --- preflight: what the command line reports before Hydra starts ----------------------------------------------
+@pytest.mark.parametrize(("argv", "expected"), [
+    (["format=e9m9"], "format=e9m9 is not an option of the format group; valid: "),
+    (["-m", "model=nano,huge"], "model=huge is not an option of the model group; valid: gpt2_124m, gpt_50m, nano"),
+    (["seed=1,2"], "seed=1,2 is a sweep; add -m"),
+    (["trainer.max_steps=abc"], "trainer.max_steps='abc' is invalid: expected an integer"),
+    (["-m", "seed=1,2", "trainer.max_steps=abc"], "trainer.max_steps='abc' is invalid"),
+    (["trainer.foo=1"], "cannot compose the config: Could not override 'trainer.foo'"),
+    (["hydra/launcher=rocket"], "hydra/launcher=rocket is not an option of the hydra/launcher group"),
+    (["model=[nano"], "cannot parse the overrides"),
+])
+def test_preflight_messages(argv: list[str], expected: str) -> None:
+    message = check_overrides(argv, CONF)
+    assert message is not None and expected in message and "\n" not in message
+
+
+@pytest.mark.parametrize("argv", [[], ["-m", "seed=1,2", "format=fp32"], ["--help"], ["--cfg", "job"],
+                                  ["experiment=smoke"]])
+def test_preflight_accepts_good_command_lines(argv: list[str]) -> None:
+    assert check_overrides(argv, CONF) is None
+
+
+# --- schedule and optimizer groups ------------------------------------------------------------------------------
+def test_warmup_cosine_schedule() -> None:
+    s = WarmupCosine(warmup_steps=10, decay_steps=110, min_ratio=0.1)
+    assert s(0) == pytest.approx(1 / 11) and s(9) == pytest.approx(10 / 11)
+    assert s(10) == pytest.approx(1.0)
+    assert s(60) == pytest.approx(0.55)  # half-way down the cosine: min + (1 - min) / 2
+    assert s(110) == pytest.approx(0.1) and s(1000) == pytest.approx(0.1)
+    assert all(s(i) >= s(i + 1) for i in range(10, 200))
+
+
+def test_param_groups_list_tied_weights_once() -> None:
+    model = GPT(GPTConfig(block_size=8, vocab_size=16, n_layer=1, n_head=1, n_embd=8, bias=True))
+    groups = param_groups(model, 0.1)
+    flat = [p for g in groups for p in g["params"]]
+    assert len(flat) == len({id(p) for p in flat}) == len(list(model.parameters()))
