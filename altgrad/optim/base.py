@@ -20,7 +20,7 @@ from altgrad.optim.adam import adamw_step_, init_adam_state
 from altgrad.optim.stiffness import Grid
 
 PLAIN_LR = 1e-3  # AdamW learning rate of the plain (grid-less) groups, in real units: nanoGPT's small-model lr
-PLAIN_BETAS = (0.9, 0.95)
+PLAIN_BETAS = (0.9, 0.99)  # conf/optimizer/adamw.yaml's betas: plain groups step like the baseline
 PLAIN_EPS = 1e-8
 
 

@@ -9,7 +9,6 @@ is no fp32 master copy, the weight tensor *is* the grid value.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -18,11 +17,15 @@ from torch import Tensor
 
 from altgrad.optim.adam import adam_denominators, adam_moments_, init_adam_state
 from altgrad.optim.base import PLAIN_BETAS, PLAIN_EPS, PLAIN_LR, QuantAwareOptimizer
-from altgrad.optim.grid_walk import check_walkable, walk
+from altgrad.optim.grid_walk import check_walkable, grid_move
 from altgrad.optim.stiffness import Grid
+from altgrad.quant.fused import fused
+from altgrad.quant.rounding import draw_seed
 
 INNER_RULES = ("sgd", "adam")
 LR_UNITS = ("ulp", "real")
+
+_grid_move = fused(grid_move)  # one compiled elementwise loop per tensor (eager with ALTGRAD_COMPILE=0)
 
 
 class GridOptim(QuantAwareOptimizer):
@@ -46,7 +49,7 @@ class GridOptim(QuantAwareOptimizer):
         momentum: float = 0.9,
         dampening: float = 0.0,
         nesterov: bool = False,
-        betas: tuple[float, float] = (0.9, 0.95),
+        betas: tuple[float, float] = (0.9, 0.99),
         eps: float = 1e-8,
         weight_decay: float = 0.0,
         seed: int | None = None,
@@ -108,8 +111,9 @@ class GridOptim(QuantAwareOptimizer):
             self._sgd_directions(params, group)
         if group["weight_decay"] != 0:
             torch._foreach_add_(directions, params, alpha=group["weight_decay"])  # d + wd·w (decoupled)
-        for p, d in zip(params, directions):
-            self._move(p, d, group)
+        torch._foreach_mul_(directions, -group["lr"])  # δ: in ULPs (lr_unit=ulp) or in weight units (real)
+        for p, delta in zip(params, directions):
+            self._move(p, delta, group)
 
     def _adam_directions(self, params: list[Tensor], group: dict[str, Any]) -> list[Tensor]:
         """m̂/(√v̂+ε) per parameter (AdamW's normalised direction)."""
@@ -144,19 +148,9 @@ class GridOptim(QuantAwareOptimizer):
             return torch._foreach_add(grads, bufs, alpha=momentum)
         return [b.clone() for b in bufs]
 
-    def _move(self, p: Tensor, direction: Tensor, group: dict[str, Any]) -> None:
-        """Step p by stochastic_round(k) grid points, k = −lr·d (ULP units) or −lr·d/S(w) (real units)."""
+    def _move(self, p: Tensor, delta: Tensor, group: dict[str, Any]) -> None:
+        """p ← grid_move(p, δ): one fused kernel per tensor (compiled unless ALTGRAD_COMPILE=0)."""
         grid = self.grid_of(p)
-        fmt = grid.spec.format
-        scale = grid.scale_for(p).float()
-        x = p.float() * scale
-        ulp = fmt.ulp(x)
-        k = direction.float() * -group["lr"]
-        if group["lr_unit"] == "real":
-            k = k * scale / ulp  # δ / S with S = ulp(x)/s
-        uniform = torch.rand(p.shape, generator=self._generator(p.device), device=p.device, dtype=torch.float32)
-        steps = (k + uniform).floor_()  # ⌊k⌋ + 1 with probability frac(k)
-        new = walk(x, steps, fmt, ulp) / scale
-        # a non-finite weight or step stays visible (NaN) instead of landing on an arbitrary grid point
-        new = torch.where(torch.isfinite(x) & torch.isfinite(k), new, math.nan)
-        p.copy_(new)
+        seed = draw_seed(p.device, self._generator(p.device))  # one draw per tensor and step
+        w = p.detach()  # not the Parameter: dynamo keeps Parameters static-shaped (a recompile per shape)
+        p.copy_(_grid_move(w, delta, grid.scale_for(w).float(), seed, grid.spec.format, group["lr_unit"] == "real"))

@@ -14,6 +14,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from altgrad.quant.rounding import random_bits
+
 _MAX_MBITS = 16  # ordinals stay far inside int32: (emax − emin + 2)·2^M < 2^31
 
 
@@ -44,7 +46,8 @@ def ordinal_value(ordinal: Tensor, fmt: Any) -> Tensor:
     """float32 value of each signed ordinal in [−max_code, max_code]."""
     m = fmt.mbits
     a = ordinal.abs()
-    sub = a.float() * fmt.quantum  # codes below 2^M: multiples of the subnormal quantum (exact)
+    quantum = fmt.ulp(a.new_zeros((), dtype=torch.float32))  # 2^(emin − M), the subnormal spacing
+    sub = a.float() * quantum  # codes below 2^M: multiples of the quantum (exact)
     e = (a >> m) + (fmt.emin - 1)  # normal codes: exponent field (a >> M) → unbiased emin + field − 1
     bits = ((e + 127) << 23) | ((a & ((1 << m) - 1)) << (23 - m))  # (1 + mant/2^M)·2^e as float32 bits
     v = torch.where(a < (1 << m), sub, bits.view(torch.float32))
@@ -56,3 +59,26 @@ def walk(x: Tensor, steps: Tensor, fmt: Any, ulp: Tensor | None = None) -> Tenso
     limit = fmt.max_code
     n = steps.clamp(-2 * limit, 2 * limit).to(torch.int32)
     return ordinal_value((grid_ordinal(x, fmt, ulp) + n).clamp_(-limit, limit), fmt)
+
+
+def uniform_from_bits(bits: Tensor) -> Tensor:
+    """U[0, 1) float32 from the top 24 of 32 random bits (exactly representable, never 1)."""
+    return ((bits >> 8) & 0xFFFFFF).float() * 2.0**-24
+
+
+def grid_move(w: Tensor, delta: Tensor, scale: Tensor, seed: Tensor, fmt: Any, real_units: bool) -> Tensor:
+    """GridOptim's per-tensor step: w moved ⌊k⌋ grid points plus one with probability frac(k) (E[move] = k).
+
+    ``delta`` is the proposed step: in ULPs (``real_units=False``) or in w's units, then k = delta / S(w) with
+    S = ulp(w·s)/s.  Uniforms come from the quant core's counter-based hash of (seed, element index), so the
+    function is pure: eager and compiled runs agree and nothing random is materialised.  Non-finite w or delta
+    give NaN (divergence stays visible).  Returns the new w (w's dtype), exactly on the grid {v / s}.
+    """
+    x = w.float() * scale
+    ulp = fmt.ulp(x)
+    k = delta.float()
+    if real_units:
+        k = k * scale / ulp
+    steps = torch.floor(k + uniform_from_bits(random_bits(w.shape, seed)))
+    new = walk(x, steps, fmt, ulp) / scale
+    return torch.where(torch.isfinite(x) & torch.isfinite(k), new, torch.nan).to(w.dtype)

@@ -18,8 +18,11 @@ from torch import Tensor
 from altgrad.optim.adam import adamw_step_, init_adam_state
 from altgrad.optim.base import PLAIN_BETAS, PLAIN_EPS, PLAIN_LR, QuantAwareOptimizer
 from altgrad.optim.stiffness import STIFFNESS_KINDS, Grid, stiffness
+from altgrad.quant.fused import fused
 
 STIFFNESS_PLACEMENTS = ("update", "grad")
+
+_stiffness = fused(stiffness)  # one compiled elementwise loop per tensor (eager with ALTGRAD_COMPILE=0)
 
 
 class ManifoldAdamW(QuantAwareOptimizer):
@@ -33,7 +36,7 @@ class ManifoldAdamW(QuantAwareOptimizer):
         self,
         params: Iterable[Tensor] | Iterable[dict[str, Any]],
         lr: float = 0.25,
-        betas: tuple[float, float] = (0.9, 0.95),
+        betas: tuple[float, float] = (0.9, 0.99),
         eps: float = 1e-8,
         weight_decay: float = 0.0,
         stiffness_on: str = "update",
@@ -62,7 +65,8 @@ class ManifoldAdamW(QuantAwareOptimizer):
         """S(p) on p's grid at its current scale, in p's dtype."""
         grid = self.grid_of(p)
         kind = kind or self.defaults["stiffness_kind"]
-        return stiffness(p, grid.spec.format, grid.scale_for(p), kind).to(p.dtype)
+        # a plain tensor view, not the Parameter: dynamo keeps Parameters static-shaped (a recompile per shape)
+        return _stiffness(p.detach(), grid.spec.format, grid.scale_for(p), kind).to(p.dtype)
 
     def _rule_step(self, group: dict[str, Any]) -> None:
         params = self._with_grads(group)
@@ -74,7 +78,8 @@ class ManifoldAdamW(QuantAwareOptimizer):
         stiff = [self.stiffness_of(p, group["stiffness_kind"]) for p in params]
         grads = [p.grad for p in params]
         beta1, beta2 = group["betas"]
-        kw = {"lr": group["lr"], "beta1": beta1, "beta2": beta2, "eps": group["eps"], "weight_decay": group["weight_decay"]}
+        kw = {"lr": group["lr"], "beta1": beta1, "beta2": beta2, "eps": group["eps"],
+              "weight_decay": group["weight_decay"]}
         if group["stiffness_on"] == "update":
             adamw_step_(params, grads, *self._adam_lists(params), stiffness=stiff, **kw)
         else:

@@ -36,5 +36,5 @@ def stiffness(w: Tensor, fmt: Any, scale: Tensor | float, kind: str = "pow2") ->
     s = scale.float() if isinstance(scale, Tensor) else torch.tensor(float(scale), device=w.device)
     if kind == "pow2":
         return fmt.ulp(w32 * s) / s
-    floor = fmt.min_subnormal / s
+    floor = fmt.ulp(w32.new_zeros(())) / s  # ulp(0) = min_subnormal (a tensor op, so it compiles)
     return torch.maximum(w32.abs() * 2.0 ** -fmt.mbits, floor)
