@@ -1,0 +1,132 @@
+"""GridOptim: weights stay exactly on the grid; stochastic whole-point moves are unbiased; walks are exact."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import on_grid, quantizer
+
+from altgrad.optim import GridOptim, grid_ordinal, ordinal_value, walk
+from altgrad.optim.grid_walk import grid_move
+from altgrad.quant import get_format, list_formats, quantize
+
+WALKABLE = [f for f in list_formats() if get_format(f).bits <= 16]
+
+
+@pytest.mark.parametrize("name", WALKABLE)
+def test_ordinals_are_the_magnitude_codes_and_walks_match_the_sorted_grid(name):
+    fmt = get_format(name)
+    grid = fmt.values()
+    if len(grid) > 4096:  # bf16, fp16: every binade edge and a sample of the rest
+        keep = torch.randperm(len(grid), generator=torch.Generator().manual_seed(0))[:4096]
+        grid = grid[keep.sort().values]
+    codes = fmt.encode(grid).to(torch.int64)
+    sign_bit = 1 << (fmt.ebits + fmt.mbits)
+    signed_code = torch.where(codes >= sign_bit, -(codes - sign_bit), codes)
+    assert torch.equal(grid_ordinal(grid, fmt).long(), signed_code)
+    assert torch.equal(ordinal_value(grid_ordinal(grid, fmt), fmt), grid)
+    grid = fmt.values()
+    index = torch.arange(len(grid))
+    for n in (-9, -2, -1, 1, 3, 17):  # across binade edges, through zero, into saturation
+        expected = grid[(index + n).clamp(0, len(grid) - 1)]
+        assert torch.equal(walk(grid, torch.full_like(grid, n), fmt), expected), n
+
+
+@pytest.mark.parametrize("name", WALKABLE)
+def test_zero_steps_snap_off_grid_values_like_nearest_rounding(name):
+    fmt = get_format(name)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(4000, generator=gen) * torch.exp2(torch.randint(-12, 12, (4000,), generator=gen).float())
+    x = x.clamp(-3e38, 3e38)
+    assert torch.equal(walk(x, torch.zeros_like(x), fmt), quantize(x, fmt, "nearest", "saturate"))
+
+
+@pytest.mark.parametrize("name", ["e0m7", "e3m4", "e4m3", "e5m2", "e7m0", "p3109_p3"])
+@pytest.mark.parametrize("inner", ["adam", "sgd"])
+def test_every_weight_is_on_the_forward_grid_after_every_step(name, inner):
+    torch.manual_seed(0)
+    q = quantizer(name, "tensor")
+    p = torch.nn.Parameter(torch.randn(32, 16) * 0.02)
+    opt = GridOptim([p], lr=1.5, inner=inner, weight_decay=0.1, seed=1, grids={p: q})
+    moved = torch.zeros_like(p, dtype=torch.bool)
+    start = p.detach().clone()
+    for _ in range(12):
+        p.grad = torch.randn_like(p) * 1e-2
+        opt.step()
+        assert on_grid(p.detach(), q)
+        moved |= p.detach() != start
+    assert moved.float().mean() > 0.5
+
+
+@pytest.mark.parametrize("lr_unit", ["real", "ulp"])
+def test_mean_displacement_under_constant_gradient_matches_the_real_valued_step(lr_unit):
+    n, steps, fraction = 40_000, 6, 0.3  # 0.3 ULP per step: only stochastic rounding can move these weights
+    q = quantizer("e4m3", "none")
+    ulp = 2.0**-3  # e4m3 spacing in [1, 2)
+    p = torch.nn.Parameter(torch.ones(n))
+    lr = fraction * ulp if lr_unit == "real" else fraction
+    opt = GridOptim([p], lr=lr, lr_unit=lr_unit, inner="sgd", momentum=0.0, seed=3, grids={p: q})
+    for _ in range(steps):
+        p.grad = -torch.ones(n)  # constant: the real-valued path is 1 + steps·0.3 ULP (≤ 6 points: same binade)
+        opt.step()
+    displacement = (p.detach() - 1.0) / ulp  # whole ULPs per weight, still inside [1, 2)
+    assert torch.equal(displacement, displacement.round()) and bool((displacement <= steps).all())
+    sigma = (steps * fraction * (1 - fraction) / n) ** 0.5  # std of the mean of n Binomial(steps, 0.3)
+    assert abs(displacement.mean().item() - steps * fraction) < 5 * sigma
+    assert displacement.var().item() == pytest.approx(steps * fraction * (1 - fraction), rel=0.1)
+
+
+def test_adam_inner_rule_moves_lr_ulps_per_step_on_average():
+    q = quantizer("e4m3", "none")
+    p = torch.nn.Parameter(torch.full((20_000,), 3.75))  # top of [2, 4): 6 points down stay in the binade
+    opt = GridOptim([p], lr=0.5, inner="adam", eps=0.0, seed=5, grids={p: q})
+    for _ in range(6):
+        p.grad = torch.full_like(p, 3e-3)  # constant: m̂/√v̂ = 1, so k = −0.5 ULP per step
+        opt.step()
+    mean_points = ((3.75 - p.detach()) / 2.0**-2).mean().item()
+    assert mean_points == pytest.approx(3.0, abs=5 * (6 * 0.25 / 20_000) ** 0.5)
+
+
+def test_sub_ulp_steps_cross_binade_edges_exactly():
+    fmt = get_format("e4m3")
+    w = torch.full((1000,), 1.0)  # the bottom of [1, 2): one point down is 1 − 2^-4 (spacing halves)
+    out = grid_move(w, torch.full_like(w, -1.0), torch.tensor(1.0), torch.tensor(7, dtype=torch.int32), fmt,
+                    real_units=False)
+    assert bool((out == 1.0 - 2.0**-4).all())
+
+
+def test_same_seed_same_moves_and_another_seed_other_moves():
+    def run(seed: int) -> torch.Tensor:
+        q = quantizer("e4m3", "none")
+        p = torch.nn.Parameter(torch.ones(1000))
+        opt = GridOptim([p], lr=0.5, inner="sgd", momentum=0.0, seed=seed, grids={p: q})
+        p.grad = -torch.ones(1000)
+        opt.step()
+        return p.detach().clone()
+
+    assert torch.equal(run(1), run(1))
+    assert not torch.equal(run(1), run(2))
+
+
+def test_non_finite_gradients_leave_visible_nans():
+    q = quantizer("e4m3", "none")
+    p = torch.nn.Parameter(torch.ones(4))
+    opt = GridOptim([p], lr=0.5, inner="sgd", seed=0, grids={p: q})
+    p.grad = torch.tensor([1.0, float("nan"), float("inf"), 1.0])
+    opt.step()
+    assert torch.isnan(p[1:3]).all() and torch.isfinite(p[[0, 3]]).all()
+
+
+def test_weights_without_grids_are_plain_and_no_grid_at_all_is_an_error():
+    q = quantizer("e4m3", "tensor")
+    w, b = torch.nn.Parameter(torch.randn(3, 3)), torch.nn.Parameter(torch.zeros(3))
+    opt = GridOptim([w, b], grids={w: q})
+    assert opt.plain_params() == [b]
+    with pytest.raises(ValueError, match="needs at least one quantized weight"):
+        GridOptim([w, b], grids={})
+    with pytest.raises(ValueError, match="needs `grids`"):
+        GridOptim([w, b])
+    with pytest.raises(ValueError, match="valid: sgd, adam"):
+        GridOptim([w], inner="lion", grids={w: q})
+    with pytest.raises(ValueError, match="valid: ulp, real"):
+        GridOptim([w], lr_unit="bits", grids={w: q})
