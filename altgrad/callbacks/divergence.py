@@ -6,7 +6,7 @@ Every step (``check_every_n_steps``), with one host sync each:
 - after the step, the loss feeds a DivergenceDetector (non-finite, or > factor × running minimum for patience steps).
 On divergence: ``trainer.should_stop = True``; ``pl_module.run_summary`` gets status "diverged", diverged_at_step and
 divergence_cause (the first layer/role, in execution order, whose stability stats showed NaN/Inf, else the most
-saturated one, else the loss itself); and no ModelCheckpoint writes after that step, so ``last.ckpt`` stays the last
+saturated one, else the Linear nearest the loss with a non-finite weight gradient, else the loss itself); and no ModelCheckpoint writes after that step, so ``last.ckpt`` stays the last
 good checkpoint (one is still written at train end if none existed yet: its weights are the finite pre-step ones).
 The process then ends normally (exit code 0), so a sweep continues: a diverged run is a result.
 """
@@ -20,7 +20,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from altgrad.callbacks.base import backbone, quantizer_roles, run_summary
+from altgrad.callbacks.base import backbone, linear_layers, quantizer_roles, run_summary
 from altgrad.diagnostics import DivergenceDetector
 from altgrad.quant import STAT_NAMES
 
@@ -63,6 +63,18 @@ def locate_cause(model: torch.nn.Module) -> str | None:
     return None
 
 
+def locate_nonfinite_grad(model: torch.nn.Module) -> str | None:
+    """The Linear closest to the loss (backward order) whose weight gradient holds NaN/Inf (one host transfer)."""
+    layers = [(n, m) for n, m in reversed(linear_layers(model)) if m.weight.grad is not None]
+    if not layers:
+        return None
+    bad = torch.stack([~torch.isfinite(m.weight.grad).all() for _, m in layers]).cpu()
+    for (name, _), b in zip(layers, bad):
+        if b:
+            return f"{name}/grad: non-finite weight gradient"
+    return None
+
+
 class DivergenceCallback(L.Callback):
     """Stops diverged runs cleanly (status "diverged" in summary.json, exit code 0, last good checkpoint kept)."""
 
@@ -98,7 +110,8 @@ class DivergenceCallback(L.Callback):
         if bool(torch.isfinite(norm)):
             return
         # locate before anything else touches the stats; then drop the gradients so the step leaves weights as they are
-        self._cause = self._cause or locate_cause(backbone(pl_module))
+        model = backbone(pl_module)
+        self._cause = self._cause or locate_cause(model) or locate_nonfinite_grad(model)
         self._grad_reason = self._grad_reason or f"non-finite gradient norm ({float(norm)})"
         for p in params:
             p.grad = None
@@ -117,7 +130,7 @@ class DivergenceCallback(L.Callback):
 
     def _stop(self, trainer: L.Trainer, pl_module: L.LightningModule, reason: str) -> None:
         cause = self._cause or locate_cause(backbone(pl_module))
-        cause = f"{cause} (trigger: {reason})" if cause else f"loss: {reason}"
+        cause = f"{cause} (trigger: {reason})" if cause else reason
         self.diverged_at_step = self._step
         summary = run_summary(pl_module)
         summary.update(status="diverged", diverged_at_step=self._step, divergence_cause=cause)

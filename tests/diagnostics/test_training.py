@@ -164,9 +164,34 @@ def test_loss_blow_up_divergence_names_the_loss_without_quantizers(tmp_path):
                   enable_checkpointing=True)
     summary = module.run_summary
     assert summary["status"] == "diverged" and summary["diverged_at_step"] == 9
-    assert summary["divergence_cause"].startswith("loss: loss ") and "for 4 steps" in summary["divergence_cause"]
+    assert summary["divergence_cause"].startswith("loss ") and "for 4 steps" in summary["divergence_cause"]
     assert trainer.global_step == 10
     assert torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 8
+
+
+def test_an_overflowing_gradient_names_the_layer_nearest_the_loss(tmp_path):
+    class InfiniteGradient(torch.autograd.Function):
+        """Identity forward (a finite loss); infinite gradient backward."""
+
+        @staticmethod
+        def forward(ctx, x):  # noqa: ANN001, ANN205
+            return x.view_as(x)
+
+        @staticmethod
+        def backward(ctx, g):  # noqa: ANN001, ANN205
+            return g * float("inf")
+
+    def overflow(module, loss):
+        return InfiniteGradient.apply(loss) if module.trainer.global_step == 3 else loss
+
+    module = TinyLM(tiny_gpt(fmt=None), hook=overflow)
+    trainer = fit(module, [DivergenceCallback()], 10, tmp_path)
+    summary = module.run_summary
+    assert summary["status"] == "diverged" and summary["diverged_at_step"] == 3
+    assert summary["divergence_cause"].startswith("lm_head/grad: non-finite weight gradient "
+                                                  "(trigger: non-finite gradient norm")
+    assert trainer.global_step == 4
+    assert all(torch.isfinite(p).all() for p in module.parameters())
 
 
 def test_a_healthy_run_is_not_flagged(tmp_path):
