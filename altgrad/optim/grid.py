@@ -25,7 +25,7 @@ from altgrad.quant.rounding import draw_seed
 INNER_RULES = ("sgd", "adam")
 LR_UNITS = ("ulp", "real")
 
-_grid_move = fused(grid_move)  # one compiled elementwise loop per tensor (eager with ALTGRAD_COMPILE=0)
+_grid_move = fused(grid_move)  # scale + move in one compiled loop per tensor (eager with ALTGRAD_COMPILE=0)
 
 
 class GridOptim(QuantAwareOptimizer):
@@ -153,4 +153,4 @@ class GridOptim(QuantAwareOptimizer):
         grid = self.grid_of(p)
         seed = draw_seed(p.device, self._generator(p.device))  # one draw per tensor and step
         w = p.detach()  # not the Parameter: dynamo keeps Parameters static-shaped (a recompile per shape)
-        p.copy_(_grid_move(w, delta, grid.scale_for(w).float(), seed, grid.spec.format, group["lr_unit"] == "real"))
+        p.copy_(_grid_move(w, delta, grid, seed, group["lr_unit"] == "real"))

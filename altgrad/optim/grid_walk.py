@@ -66,14 +66,17 @@ def uniform_from_bits(bits: Tensor) -> Tensor:
     return ((bits >> 8) & 0xFFFFFF).float() * 2.0**-24
 
 
-def grid_move(w: Tensor, delta: Tensor, scale: Tensor, seed: Tensor, fmt: Any, real_units: bool) -> Tensor:
+def grid_move(w: Tensor, delta: Tensor, grid: Any, seed: Tensor, real_units: bool) -> Tensor:
     """GridOptim's per-tensor step: w moved ⌊k⌋ grid points plus one with probability frac(k) (E[move] = k).
 
-    ``delta`` is the proposed step: in ULPs (``real_units=False``) or in w's units, then k = delta / S(w) with
-    S = ulp(w·s)/s.  Uniforms come from the quant core's counter-based hash of (seed, element index), so the
-    function is pure: eager and compiled runs agree and nothing random is materialised.  Non-finite w or delta
-    give NaN (divergence stays visible).  Returns the new w (w's dtype), exactly on the grid {v / s}.
+    ``grid`` gives the format (``grid.spec.format``) and scale s (``grid.scale_for(w)``); ``delta`` is the proposed
+    step: in ULPs (``real_units=False``) or in w's units, then k = delta / S(w) with S = ulp(w·s)/s.  Uniforms
+    come from the quant core's counter-based hash of (seed, element index): the function is pure, compiles into
+    one loop and materialises nothing random.  Non-finite w or delta give NaN (divergence stays visible).
+    Returns the new w (w's dtype), exactly on the grid {v / s}.
     """
+    fmt = grid.spec.format
+    scale = grid.scale_for(w).float()
     x = w.float() * scale
     ulp = fmt.ulp(x)
     k = delta.float()

@@ -17,12 +17,12 @@ from torch import Tensor
 
 from altgrad.optim.adam import adamw_step_, init_adam_state
 from altgrad.optim.base import PLAIN_BETAS, PLAIN_EPS, PLAIN_LR, QuantAwareOptimizer
-from altgrad.optim.stiffness import STIFFNESS_KINDS, Grid, stiffness
+from altgrad.optim.stiffness import STIFFNESS_KINDS, Grid, grid_stiffness
 from altgrad.quant.fused import fused
 
 STIFFNESS_PLACEMENTS = ("update", "grad")
 
-_stiffness = fused(stiffness)  # one compiled elementwise loop per tensor (eager with ALTGRAD_COMPILE=0)
+_stiffness = fused(grid_stiffness)  # scale + stiffness in one compiled loop per tensor (eager: ALTGRAD_COMPILE=0)
 
 
 class ManifoldAdamW(QuantAwareOptimizer):
@@ -66,7 +66,7 @@ class ManifoldAdamW(QuantAwareOptimizer):
         grid = self.grid_of(p)
         kind = kind or self.defaults["stiffness_kind"]
         # a plain tensor view, not the Parameter: dynamo keeps Parameters static-shaped (a recompile per shape)
-        return _stiffness(p.detach(), grid.spec.format, grid.scale_for(p), kind).to(p.dtype)
+        return _stiffness(p.detach(), grid, kind).to(p.dtype)
 
     def _rule_step(self, group: dict[str, Any]) -> None:
         params = self._with_grads(group)

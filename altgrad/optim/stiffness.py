@@ -38,3 +38,11 @@ def stiffness(w: Tensor, fmt: Any, scale: Tensor | float, kind: str = "pow2") ->
         return fmt.ulp(w32 * s) / s
     floor = fmt.ulp(w32.new_zeros(())) / s  # ulp(0) = min_subnormal (a tensor op, so it compiles)
     return torch.maximum(w32.abs() * 2.0 ** -fmt.mbits, floor)
+
+
+def grid_stiffness(w: Tensor, grid: Grid, kind: str = "pow2") -> Tensor:
+    """S(w) on ``grid``: its format at the scale ``grid.scale_for(w)`` the next forward pass would use.
+
+    One pure function of (w, grid state), so ``altgrad.quant.fused`` compiles scale and stiffness into one loop.
+    """
+    return stiffness(w, grid.spec.format, grid.scale_for(w), kind)

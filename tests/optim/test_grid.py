@@ -87,12 +87,14 @@ def test_adam_inner_rule_moves_lr_ulps_per_step_on_average():
     assert mean_points == pytest.approx(3.0, abs=5 * (6 * 0.25 / 20_000) ** 0.5)
 
 
-def test_sub_ulp_steps_cross_binade_edges_exactly():
-    fmt = get_format("e4m3")
-    w = torch.full((1000,), 1.0)  # the bottom of [1, 2): one point down is 1 − 2^-4 (spacing halves)
-    out = grid_move(w, torch.full_like(w, -1.0), torch.tensor(1.0), torch.tensor(7, dtype=torch.int32), fmt,
-                    real_units=False)
-    assert bool((out == 1.0 - 2.0**-4).all())
+def test_whole_point_steps_cross_binade_edges_exactly():
+    q = quantizer("e4m3", "none")
+    w = torch.full((1000,), 1.0)  # the bottom of [1, 2): one point down is 1 − 2^-4 (the spacing halves)
+    seed = torch.tensor(7, dtype=torch.int32)
+    assert bool((grid_move(w, torch.full_like(w, -1.0), q, seed, real_units=False) == 1.0 - 2.0**-4).all())
+    assert bool((grid_move(w, torch.full_like(w, -3.0), q, seed, real_units=False) == 1.0 - 3 * 2.0**-4).all())
+    # in real units the step is converted with the spacing above w: −2^-3 is one ULP, so one point down
+    assert bool((grid_move(w, torch.full_like(w, -(2.0**-3)), q, seed, real_units=True) == 1.0 - 2.0**-4).all())
 
 
 def test_same_seed_same_moves_and_another_seed_other_moves():
