@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from altgrad.optim.adam import adam_denominators, adam_moments_, init_adam_state
+from altgrad.optim.adam import adam_moments_, init_adam_state
 from altgrad.optim.base import PLAIN_BETAS, PLAIN_EPS, PLAIN_LR, QuantAwareOptimizer
 from altgrad.optim.grid_walk import check_walkable, grid_move
 from altgrad.optim.stiffness import Grid
@@ -107,34 +107,25 @@ class GridOptim(QuantAwareOptimizer):
         params = self._with_grads(group)
         if not params:
             return
-        directions = self._adam_directions(params, group) if group["inner"] == "adam" else \
-            self._sgd_directions(params, group)
-        if group["weight_decay"] != 0:
-            torch._foreach_add_(directions, params, alpha=group["weight_decay"])  # d + wd·w (decoupled)
-        torch._foreach_mul_(directions, -group["lr"])  # δ: in ULPs (lr_unit=ulp) or in weight units (real)
-        for p, delta in zip(params, directions):
-            self._move(p, delta, group)
-
-    def _adam_directions(self, params: list[Tensor], group: dict[str, Any]) -> list[Tensor]:
-        """m̂/(√v̂+ε) per parameter (AdamW's normalised direction)."""
-        for p in params:
-            if not self.state[p]:
-                init_adam_state(self.state[p], p)
-        states = [self.state[p] for p in params]
-        exp_avgs, exp_avg_sqs = [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states]
-        beta1, beta2 = group["betas"]
-        bc1, bc2_sqrt = adam_moments_([p.grad for p in params], exp_avgs, exp_avg_sqs,
-                                      [s["step"] for s in states], beta1, beta2)
-        directions = torch._foreach_div(exp_avgs, adam_denominators(exp_avg_sqs, bc2_sqrt, group["eps"]))
-        torch._foreach_div_(directions, bc1)
-        return directions
+        if group["inner"] == "adam":
+            for p in params:
+                if not self.state[p]:
+                    init_adam_state(self.state[p], p)
+            exp_avgs, exp_avg_sqs, steps = self._adam_lists(params)
+            beta1, beta2 = group["betas"]
+            bc1, bc2_sqrt = adam_moments_([p.grad for p in params], exp_avgs, exp_avg_sqs, steps, beta1, beta2)
+            for p, m, v, c1, c2 in zip(params, exp_avgs, exp_avg_sqs, bc1, bc2_sqrt):
+                self._move(p, m, group, second_moment=v, bc1=c1, bc2_sqrt=c2)
+        else:
+            for p, d in zip(params, self._sgd_directions(params, group)):
+                self._move(p, d, group)
 
     def _sgd_directions(self, params: list[Tensor], group: dict[str, Any]) -> list[Tensor]:
-        """torch.optim.SGD's momentum direction (first step: the gradient itself)."""
+        """torch.optim.SGD's momentum direction (first step: the gradient itself); read-only for the caller."""
         grads = [p.grad for p in params]
         momentum = group["momentum"]
         if momentum == 0:
-            return [g.clone() for g in grads]
+            return grads
         old = [p for p in params if "momentum_buffer" in self.state[p]]
         for p in params:
             if "momentum_buffer" not in self.state[p]:
@@ -146,11 +137,13 @@ class GridOptim(QuantAwareOptimizer):
         bufs = [self.state[p]["momentum_buffer"] for p in params]
         if group["nesterov"]:
             return torch._foreach_add(grads, bufs, alpha=momentum)
-        return [b.clone() for b in bufs]
+        return bufs
 
-    def _move(self, p: Tensor, delta: Tensor, group: dict[str, Any]) -> None:
-        """p ← grid_move(p, δ): one fused kernel per tensor (compiled unless ALTGRAD_COMPILE=0)."""
-        grid = self.grid_of(p)
+    def _move(self, p: Tensor, direction: Tensor, group: dict[str, Any], second_moment: Tensor | None = None,
+              bc1: float = 1.0, bc2_sqrt: float = 1.0) -> None:
+        """p ← grid_move(p, …): direction, decay, ULP conversion and the walk in one loop per tensor (compiled
+        unless ALTGRAD_COMPILE=0)."""
         seed = draw_seed(p.device, self._generator(p.device))  # one draw per tensor and step
         w = p.detach()  # not the Parameter: dynamo keeps Parameters static-shaped (a recompile per shape)
-        p.copy_(_grid_move(w, delta, grid, seed, group["lr_unit"] == "real"))
+        p.copy_(_grid_move(w, direction, self.grid_of(p), seed, group["lr"], group["weight_decay"],
+                           group["lr_unit"] == "real", second_moment, bc1, bc2_sqrt, group["eps"]))

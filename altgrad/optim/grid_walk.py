@@ -66,20 +66,28 @@ def uniform_from_bits(bits: Tensor) -> Tensor:
     return ((bits >> 8) & 0xFFFFFF).float() * 2.0**-24
 
 
-def grid_move(w: Tensor, delta: Tensor, grid: Any, seed: Tensor, real_units: bool) -> Tensor:
+def grid_move(
+    w: Tensor, direction: Tensor, grid: Any, seed: Tensor, lr: float, weight_decay: float, real_units: bool,
+    second_moment: Tensor | None = None, bc1: float = 1.0, bc2_sqrt: float = 1.0, eps: float = 0.0,
+) -> Tensor:
     """GridOptim's per-tensor step: w moved ⌊k⌋ grid points plus one with probability frac(k) (E[move] = k).
 
-    ``grid`` gives the format (``grid.spec.format``) and scale s (``grid.scale_for(w)``); ``delta`` is the proposed
-    step: in ULPs (``real_units=False``) or in w's units, then k = delta / S(w) with S = ulp(w·s)/s.  Uniforms
-    come from the quant core's counter-based hash of (seed, element index): the function is pure, compiles into
-    one loop and materialises nothing random.  Non-finite w or delta give NaN (divergence stays visible).
-    Returns the new w (w's dtype), exactly on the grid {v / s}.
+    The inner rule's direction is d = direction/bc1, divided by √(second_moment)/bc2_sqrt + ε for Adam (so with
+    Adam's moments d = m̂/(√v̂+ε)); the proposed step is δ = −lr·(d + wd·w), in ULPs (``real_units=False``: k = δ)
+    or in w's units (k = δ/S(w), S = ulp(w·s)/s).  ``grid`` gives the format (``grid.spec.format``) and the scale s
+    (``grid.scale_for(w)``).  Uniforms come from the quant core's counter-based hash of (seed, element index): the
+    function is pure, compiles into one loop and materialises nothing random.  Non-finite w or δ give NaN
+    (divergence stays visible).  Returns the new w (w's dtype), exactly on the grid {v / s}.
     """
     fmt = grid.spec.format
     scale = grid.scale_for(w).float()
-    x = w.float() * scale
+    w32 = w.float()
+    d = direction.float() / bc1
+    if second_moment is not None:
+        d = d / (second_moment.float().sqrt() / bc2_sqrt + eps)
+    k = (d + weight_decay * w32) * -lr
+    x = w32 * scale
     ulp = fmt.ulp(x)
-    k = delta.float()
     if real_units:
         k = k * scale / ulp
     steps = torch.floor(k + uniform_from_bits(random_bits(w.shape, seed)))

@@ -91,10 +91,11 @@ def test_whole_point_steps_cross_binade_edges_exactly():
     q = quantizer("e4m3", "none")
     w = torch.full((1000,), 1.0)  # the bottom of [1, 2): one point down is 1 − 2^-4 (the spacing halves)
     seed = torch.tensor(7, dtype=torch.int32)
-    assert bool((grid_move(w, torch.full_like(w, -1.0), q, seed, real_units=False) == 1.0 - 2.0**-4).all())
-    assert bool((grid_move(w, torch.full_like(w, -3.0), q, seed, real_units=False) == 1.0 - 3 * 2.0**-4).all())
+    down = torch.ones_like(w)  # direction +1 with lr n: δ = −n
+    assert bool((grid_move(w, down, q, seed, 1.0, 0.0, real_units=False) == 1.0 - 2.0**-4).all())
+    assert bool((grid_move(w, down, q, seed, 3.0, 0.0, real_units=False) == 1.0 - 3 * 2.0**-4).all())
     # in real units the step is converted with the spacing above w: −2^-3 is one ULP, so one point down
-    assert bool((grid_move(w, torch.full_like(w, -(2.0**-3)), q, seed, real_units=True) == 1.0 - 2.0**-4).all())
+    assert bool((grid_move(w, down, q, seed, 2.0**-3, 0.0, real_units=True) == 1.0 - 2.0**-4).all())
 
 
 def test_same_seed_same_moves_and_another_seed_other_moves():
