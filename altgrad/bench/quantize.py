@@ -21,22 +21,24 @@ _TORCH_CASTS = {"e4m3fn": "float8_e4m3fn", "e5m2": "float8_e5m2", "bf16": "bfloa
 _ML_DTYPES = ("float8_e4m3fn", "float8_e5m2", "float8_e3m4", "float8_e4m3")
 
 
-def _timer(device: torch.device) -> Callable[[Callable[[], object], int, int], float]:
+def _timer(device: torch.device) -> Callable[[Callable[[], object], int, int], tuple[float, float]]:
     def sync() -> None:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
-    def median_ms(fn: Callable[[], object], repeats: int, warmup: int) -> float:
+    def median_ms(fn: Callable[[], object], repeats: int, warmup: int) -> tuple[float, float]:
+        """Median wall-clock and median process-CPU milliseconds (CPU time is steadier on a shared machine)."""
         for _ in range(warmup):
             fn()
         sync()
-        times = []
+        wall, cpu = [], []
         for _ in range(repeats):
-            t0 = time.perf_counter()
+            c0, t0 = time.process_time(), time.perf_counter()
             fn()
             sync()
-            times.append(time.perf_counter() - t0)
-        return statistics.median(times) * 1e3
+            wall.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
+        return statistics.median(wall) * 1e3, statistics.median(cpu) * 1e3
 
     return median_ms
 
@@ -69,9 +71,9 @@ def main(argv: list[str]) -> None:
     x = torch.randn(n, device=device, generator=gen) * torch.exp2(
         torch.randint(-20, 20, (n,), device=device, generator=gen).float())
     median_ms = _timer(device)
-    rows: list[tuple[str, str, float]] = []
+    rows: list[tuple[str, str, tuple[float, float]]] = []
 
-    def row(label: str, mode: str, fn: Callable[[], object]) -> float:
+    def row(label: str, mode: str, fn: Callable[[], object]) -> tuple[float, float]:
         ms = median_ms(fn, args.repeats, args.warmup)
         rows.append((label, mode, ms))
         return ms
@@ -99,7 +101,8 @@ def main(argv: list[str]) -> None:
             dtype = getattr(ml_dtypes, dt)
             row(f"ml_dtypes {dt}", "round trip", lambda d=dtype: xn.astype(d).astype(np.float32))
     # clone again at the end: the reference is the mean of both, so slow drift of a shared machine evens out
-    clone_ms = (clone_ms + median_ms(lambda: x.clone(), args.repeats, 1)) / 2
+    late = median_ms(lambda: x.clone(), args.repeats, 1)
+    clone_ms = ((clone_ms[0] + late[0]) / 2, (clone_ms[1] + late[1]) / 2)
     rows[0] = ("x.clone()", "-", clone_ms)
 
     print(f"quantize benchmark: {n:,} float32 elements (2^{args.log2n}) on {device}, "
@@ -107,8 +110,16 @@ def main(argv: list[str]) -> None:
           f"torch {torch.__version__}")
     print("compile (first call, not in the table): "
           + ", ".join(f"{r} {s:.1f} s" for r, s in compile_s.items()))
-    print(f"| {'what':<26} | {'rounding':<11} | {'ms':>8} | {'Gelem/s':>8} | {'x clone':>8} |")
-    print(f"|{'-' * 28}|{'-' * 13}|{'-' * 10}|{'-' * 10}|{'-' * 10}|")
-    for label, mode, ms in rows:
-        ratio = ms / clone_ms
-        print(f"| {label:<26} | {mode:<11} | {ms:8.2f} | {n / ms / 1e6:8.3f} | {ratio:7.2f}x |")
+    cpu = device.type == "cpu"
+    head = f"| {'what':<26} | {'rounding':<11} | {'ms':>8} | {'Gelem/s':>8} | {'x clone':>8} |"
+    rule = f"|{'-' * 28}|{'-' * 13}|{'-' * 10}|{'-' * 10}|{'-' * 10}|"
+    if cpu:
+        head += f" {'CPU ms':>8} | {'CPU x clone':>11} |"
+        rule += f"{'-' * 10}|{'-' * 13}|"
+    print(head)
+    print(rule)
+    for label, mode, (ms, cms) in rows:
+        line = f"| {label:<26} | {mode:<11} | {ms:8.2f} | {n / ms / 1e6:8.3f} | {ms / clone_ms[0]:7.2f}x |"
+        if cpu:
+            line += f" {cms:8.2f} | {cms / clone_ms[1]:10.2f}x |"
+        print(line)

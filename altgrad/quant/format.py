@@ -220,7 +220,7 @@ class FloatFormat:
         return torch.unique(v + 0.0)  # + 0.0 folds −0 into 0 before unique (sorted ascending)
 
     def ulp(self, x: torch.Tensor) -> torch.Tensor:
-        """Grid spacing at |x|: 2^(max(floor(log2|x|), emin) − M) in float32; min_subnormal at 0; NaN if x is not finite.
+        """Grid spacing at |x|: 2^(max(floor(log2|x|), emin) − M) in float32; min_subnormal at 0; NaN if not finite.
 
         Computed on the float32 bit pattern (exact, cheap, no log2), so it can sit in an optimizer's hot loop.
         """
