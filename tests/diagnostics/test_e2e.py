@@ -1,0 +1,87 @@
+"""Diagnostics end-to-end through the real entry point (`python -m altgrad.train`): a diverging E7M0 run and an
+E4M3 run with callbacks=full. Each is a subprocess of a few minutes on a shared CPU, hence `slow`."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = [
+    "model.n_layer=2", "model.n_head=2", "model.n_embd=32", "model.block_size=32",
+    "data.batch_size=4", "data.corpus_chars=200000", "data.val_batches=2",
+    "trainer.max_steps=20", "trainer.val_check_interval=10", "trainer.checkpoint_every_n_steps=5",
+    "trainer.log_every_n_steps=5", "trainer.sample_tokens=0", "trainer.initial_validation=false",
+]
+LAYERS = ["transformer.h.0.attn.c_attn", "transformer.h.0.attn.c_proj", "transformer.h.0.mlp.c_fc",
+          "transformer.h.0.mlp.c_proj", "transformer.h.1.attn.c_attn", "transformer.h.1.attn.c_proj",
+          "transformer.h.1.mlp.c_fc", "transformer.h.1.mlp.c_proj", "lm_head"]
+
+
+def run_train(run_dir: Path, cache: Path, *overrides: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "ALTGRAD_CACHE": str(cache), "WANDB_MODE": "offline", "WANDB_SILENT": "true",
+           "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    cmd = [sys.executable, "-m", "altgrad.train", *TINY, *overrides, f"hydra.run.dir={run_dir}"]
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=1500)
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("token-cache")
+
+
+@pytest.mark.slow
+def test_a_diverging_e7m0_run_stops_cleanly_with_a_cause_and_a_usable_checkpoint(tmp_path, cache):
+    run_dir = tmp_path / "e7m0"
+    proc = run_train(run_dir, cache, "format=e7m0", "quant.master=none", "optimizer.lr=1e4", "logger=csv")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "diverged"
+    assert isinstance(summary["diverged_at_step"], int) and summary["diverged_at_step"] < 20
+    assert summary["divergence_cause"]
+    assert summary["steps"] == summary["diverged_at_step"] + 1  # stopped right after the bad step
+    ckpt = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=True)  # loads: usable
+    assert ckpt["global_step"] <= summary["steps"]
+    assert all(torch.isfinite(v).all() for v in ckpt["state_dict"].values() if v.is_floating_point())
+
+
+@pytest.mark.slow
+def test_an_e4m3_run_with_callbacks_full_logs_every_metric_name(tmp_path, cache):
+    run_dir = tmp_path / "full"
+    proc = run_train(run_dir, cache, "format=e4m3", "callbacks=full", "logger=default")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with open(run_dir / "metrics.csv") as f:
+        columns = set(next(csv.reader(f)))
+    expected = {"train/loss", "val/loss", "val/ppl", "lr", "train/tokens_per_s"}
+    for layer in LAYERS:
+        expected |= {f"stability/{layer}/{role}/{stat}" for role in ("weight", "input", "grad")
+                     for stat in ("frac_saturated", "frac_zero", "frac_subnormal", "nonfinite", "amax", "scale")}
+        expected |= {f"stability/{layer}/weight/range_use", f"act/{layer}/input/kurtosis",
+                     f"act/{layer}/input/range_use", f"grads/{layer}/weight/norm",
+                     f"grads/{layer}/weight/zero_update_frac", f"gradfid/{layer}/grad/cosine",
+                     f"gradfid/{layer}/grad/snr_db", f"bits/{layer}/weight/effective_bits",
+                     f"bits/{layer}/weight/grad_stiffness_corr", f"rank/{layer}/weight/stable_rank_rel",
+                     f"rank/{layer}/weight/eff_rank_rel"}
+        expected |= {f"flips/{layer}/weight/{m}" for m in ("flip_rate", "stall_ratio", "oscillation_rate",
+                                                           "descent_cos")}
+        expected |= {f"bits/{layer}/weight/log2_stiffness_{s}" for s in ("mean", "std", "min", "max")}
+    for i in range(2):
+        expected |= {f"act/transformer.h.{i}/output/kurtosis", f"act/transformer.h.{i}.mlp.c_fc/output/dead_frac"}
+        expected |= {f"attn/transformer.h.{i}.attn/head{k}/entropy" for k in range(2)}
+    assert expected <= columns, sorted(expected - columns)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed"
+    diag = summary["diagnostics"]
+    for key in ("mean_stall_ratio", "final_flip_rate", "mean_oscillation_rate", "min_grad_cosine",
+                "mean_effective_bits", "max_kurtosis", "min_stable_rank_rel", "min_attn_entropy"):
+        assert isinstance(diag.get(key), float), key
+    assert 0.9 < diag["min_grad_cosine"] <= 1.0
+    assert 0.0 < diag["mean_effective_bits"] <= 8.0
+    assert list((run_dir / "wandb").glob("offline-run-*")), "the W&B offline run holds histograms and tables"
