@@ -123,3 +123,11 @@ def main(argv: list[str]) -> None:
         if cpu:
             line += f" {cms:8.2f} | {cms / clone_ms[1]:10.2f}x |"
         print(line)
+    # Every preset runs the same branch-free kernel (formats are data), so differences between presets are noise:
+    # the median over presets is the steadier figure per rounding mode.
+    formats = set(args.formats.split(","))
+    for rounding in args.roundings.split(","):
+        wall = statistics.median(ms for label, mode, (ms, _) in rows if label in formats and mode == rounding)
+        cpu_ms = statistics.median(c for label, mode, (_, c) in rows if label in formats and mode == rounding)
+        summary = f"median over presets, {rounding}: {wall / clone_ms[0]:.2f}x clone"
+        print(summary + (f" (CPU time {cpu_ms / clone_ms[1]:.2f}x)" if cpu else ""))
