@@ -55,7 +55,10 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     if args.repeats < 5:
         p.error(f"--repeats={args.repeats} is not valid; valid: an integer >= 5")
     for name in args.formats.split(","):
-        get_format(name)  # ValueError listing the valid names
+        try:
+            get_format(name)
+        except ValueError as err:
+            p.error(f"--formats: {err}")
     for r in args.roundings.split(","):
         if r not in ROUNDINGS:
             p.error(f"--roundings: {r!r} is not valid; valid: {', '.join(ROUNDINGS)}")
