@@ -13,16 +13,14 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-import hydra.utils
 import lightning as L
 import torch
 import torch.nn.functional as F
-from torch import nn
-from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR
 from torchmetrics import MeanMetric
 
 from altgrad.model import GPT, GPTConfig
+from altgrad.optim import build_optimizer
 
 
 class WarmupCosine:
@@ -41,26 +39,6 @@ class WarmupCosine:
             return self.min_ratio
         progress = (step - self.warmup_steps) / max(1, self.decay_steps - self.warmup_steps)
         return self.min_ratio + 0.5 * (1.0 + math.cos(math.pi * progress)) * (1.0 - self.min_ratio)
-
-
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """nanoGPT's weight-decay groups: tensors with >= 2 dims decay; biases and LayerNorm gains do not."""
-    params = {id(p): p for p in model.parameters() if p.requires_grad}.values()  # tied weights once
-    groups = [
-        {"params": [p for p in params if p.dim() >= 2], "weight_decay": float(weight_decay)},
-        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-    ]
-    return [g for g in groups if g["params"]]
-
-
-def build_optimizer(cfg: Mapping[str, Any], model: nn.Module) -> Optimizer:
-    """Instantiate the `optimizer` group (a `_partial_` target; `name`/`label` are ours) over param_groups(model)."""
-    cfg = dict(cfg)
-    cfg.pop("name", None)
-    cfg.pop("label", None)
-    # _convert_=all: hyper-parameters such as betas become plain lists, so optimizer state loads with weights_only.
-    factory = hydra.utils.instantiate({**cfg, "_partial_": True, "_convert_": "all"})
-    return factory(param_groups(model, cfg.get("weight_decay", 0.0)))
 
 
 class AltGradModule(L.LightningModule):
@@ -161,7 +139,11 @@ class AltGradModule(L.LightningModule):
 
     # -- optimization -----------------------------------------------------------------------------------------------
     def configure_optimizers(self) -> dict[str, Any]:
-        optimizer = build_optimizer(self.optimizer_cfg, self.model)
+        # altgrad.optim.build_optimizer: nanoGPT's weight-decay groups, each quantized weight told its grid (the
+        # forward pass's format and scale), unquantized tensors in a plain AdamW group; what went where is logged.
+        optimizer, info = build_optimizer(self.optimizer_cfg, self.model)
+        self.run_summary["optimizer_groups"] = {"rule_tensors": len(info["rule_params"]),
+                                                "plain_params": info["plain_params"], "plain_lr": info["plain_lr"]}
         scheduler = LambdaLR(optimizer, self.schedule)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
