@@ -32,7 +32,7 @@ _flip_counts = fused(flip_counts)
 
 @dataclass
 class _Tracked:
-    """Per-tensor state: grid, last flip direction, this step's before-state, interval accumulators."""
+    """Per-tensor state: last flip direction, this step's before-state, interval accumulators."""
 
     name: str
     layer: QuantLinear
