@@ -6,8 +6,10 @@ Every step (``check_every_n_steps``), with one host sync each:
 - after the step, the loss feeds a DivergenceDetector (non-finite, or > factor × running minimum for patience steps).
 On divergence: ``trainer.should_stop = True``; ``pl_module.run_summary`` gets status "diverged", diverged_at_step and
 divergence_cause (the first layer/role, in execution order, whose stability stats showed NaN/Inf, else the most
-saturated one, else the Linear nearest the loss with a non-finite weight gradient, else the loss itself); and no ModelCheckpoint writes after that step, so ``last.ckpt`` stays the last
-good checkpoint (one is still written at train end if none existed yet: its weights are the finite pre-step ones).
+saturated one, else the Linear nearest the loss with a non-finite weight gradient, else the loss itself).
+Checkpoints: the weights never take a NaN/Inf step, so what the run's checkpoint callback writes when it stops
+(train()'s LastCheckpoint saves at train end) holds finite, loadable weights; a Lightning ModelCheckpoint, if one is
+configured, is also kept from saving at the divergence step, so its last.ckpt stays the last periodic one.
 The process then ends normally (exit code 0), so a sweep continues: a diverged run is a result.
 """
 

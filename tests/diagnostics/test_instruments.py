@@ -333,3 +333,37 @@ def test_fallback_rejects_an_unknown_format():
     with pytest.raises(ValueError):
         FallbackCallback(overflow_format="e9m9")
 
+
+
+def test_histograms_and_tables_go_to_wandb_only(monkeypatch, tmp_path):
+    import wandb
+
+    class FakeWandb:
+        def __init__(self) -> None:
+            self.metrics: list[dict] = []
+            self.tables: list[tuple] = []
+
+        def log_metrics(self, metrics, step=None):
+            self.metrics.append(dict(metrics))
+
+        def log_table(self, key, columns=None, data=None, step=None):
+            self.tables.append((key, columns, data))
+
+    fake = FakeWandb()
+    module, fc = one_layer(weight=unscaled("e4m3"), shape=(4, 8))
+    fc.weight.grad = torch.randn(4, 8)
+    logger = RecordingLogger()
+    trainer = fake_trainer(logger)
+    cb = BitsCallback(every_n_steps=1, samples_per_tensor=2, csv_path=str(tmp_path / "traj.csv"))
+    monkeypatch.setattr(BitsCallback, "wandb_logger", staticmethod(lambda trainer: fake))
+    cb.on_train_batch_start(trainer, module, None, 0)
+    cb.on_before_optimizer_step(trainer, module, None)
+    cb.on_train_batch_end(trainer, module, None, None, 0)
+    cb.on_train_end(trainer, module)
+    hist = fake.metrics[0]
+    assert set(hist) == {"bits/fc/weight/codes", "bits/fc/weight/log2_stiffness"}
+    assert all(isinstance(h, wandb.Histogram) for h in hist.values())
+    assert fake.tables[0][0] == "bits/code_trajectories" and len(fake.tables[0][2]) == 2
+    assert not any(isinstance(v, wandb.Histogram) for _, m in logger.records for v in m.values())
+    lines = (tmp_path / "traj.csv").read_text().splitlines()
+    assert lines[0] == "step,layer,sample,element,code_index,value" and len(lines) == 3
