@@ -1,0 +1,130 @@
+"""Cost of the diagnostics: training-step time of the nano model with callbacks=default and =full vs. =none.
+
+    python -m altgrad.bench callbacks [--format e4m3] [--steps 50] [--warmup 5] [--rounds 2] [--threads N]
+
+Each variant is built as a run would be (Hydra compose of conf/train.yaml with ``callbacks=<option>``, the same
+seed, FakeQuantCallback first, a CSV logger) and trained on random tokens in the same process. Variants alternate
+in rounds so drift on a shared machine hits them alike. The step time is the mean interval between consecutive
+``on_train_batch_start`` calls, so it includes every hook of the step and, over a window that is a multiple of the
+instruments' intervals, their amortised interval work. Targets: default ≤ 1.05 × none, full ≤ 1.30 × none.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+
+CONF = Path(__file__).resolve().parents[2] / "conf"
+TARGETS = {"default": 1.05, "full": 1.30}
+
+
+class StepTimer(L.Callback):
+    """Records the time at every on_train_batch_start, and at train end (placed first in the callback list)."""
+
+    def __init__(self) -> None:
+        self.stamps: list[float] = []
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
+                             batch_idx: int) -> None:
+        self.stamps.append(time.perf_counter())
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.stamps.append(time.perf_counter())
+
+
+def compose(option: str, fmt: str, steps: int, run_dir: Path) -> Any:
+    """The run config for ``callbacks=<option>`` (interpolations such as ${trainer.log_every_n_steps} resolved)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    overrides = [f"callbacks={option}", f"format={fmt}", f"trainer.max_steps={steps}", "logger=csv",
+                 f"paths.output_dir={run_dir}"]
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return hydra_compose("train", overrides=overrides)
+
+
+def build(option: str, fmt: str, steps: int, run_dir: Path) -> tuple[Any, list[Any], Any]:
+    """(module, callbacks, batch size) of one variant, as train() would build them."""
+    from omegaconf import OmegaConf
+
+    from altgrad.callbacks.fake_quant import FakeQuantCallback
+    from altgrad.train import _instantiate_mapping, build_module
+
+    cfg = compose(option, fmt, steps, run_dir)
+    torch.manual_seed(int(cfg.seed))
+    module = build_module(cfg, vocab_size=257)
+    callbacks = _instantiate_mapping(cfg.get("callbacks"))
+    if not any(isinstance(c, FakeQuantCallback) for c in callbacks):
+        fq = FakeQuantCallback(OmegaConf.to_container(cfg.format, resolve=True),
+                               OmegaConf.to_container(cfg.layer_map, resolve=True),
+                               master=cfg.quant.master, storage_rounding=cfg.quant.storage_rounding,
+                               seed=int(cfg.seed), run_dir=run_dir)
+        callbacks.insert(0, fq)
+    return module, callbacks, int(cfg.data.batch_size)
+
+
+def time_variant(option: str, fmt: str, steps: int, warmup: int, work: Path) -> list[float]:
+    """Per-step seconds (after warm-up) of one fresh run with ``callbacks=<option>``."""
+    from lightning.pytorch.loggers import CSVLogger
+    from torch.utils.data import DataLoader, TensorDataset
+
+    run_dir = Path(tempfile.mkdtemp(prefix=f"{option}-", dir=work))
+    module, callbacks, batch = build(option, fmt, warmup + steps, run_dir)
+    block, vocab = module.model.config.block_size, module.model.config.vocab_size
+    g = torch.Generator().manual_seed(0)
+    data = torch.randint(0, vocab, ((warmup + steps + 1) * batch, block + 1), generator=g)
+    loader = DataLoader(TensorDataset(data[:, :-1], data[:, 1:]), batch_size=batch)
+    timer = StepTimer()
+    trainer = L.Trainer(max_steps=warmup + steps, accelerator="auto", devices=1, logger=CSVLogger(str(run_dir)),
+                        callbacks=[timer, *callbacks], enable_progress_bar=False, enable_model_summary=False,
+                        enable_checkpointing=False, limit_val_batches=0, log_every_n_steps=10,
+                        default_root_dir=str(run_dir))
+    trainer.fit(module, train_dataloaders=loader)
+    stamps = timer.stamps
+    return [b - a for a, b in zip(stamps[warmup:-1], stamps[warmup + 1:])]
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="python -m altgrad.bench callbacks", description=__doc__.splitlines()[0])
+    parser.add_argument("--format", default="e4m3", help="format preset (diagnostics of quantized layers need one)")
+    parser.add_argument("--steps", type=int, default=50, help="timed steps per run (a multiple of the intervals)")
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=2, help="alternating rounds of every variant")
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    args = parser.parse_args(argv)
+    if args.steps < 1 or args.warmup < 0 or args.rounds < 1:
+        raise SystemExit("error: --steps and --rounds must be >= 1 and --warmup >= 0")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    import logging
+    import warnings
+
+    logging.getLogger("lightning").setLevel(logging.ERROR)
+    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore")
+    variants = ["none", "default", "full"]
+    times: dict[str, list[float]] = {v: [] for v in variants}
+    with tempfile.TemporaryDirectory(prefix="altgrad-bench-callbacks-") as tmp:
+        for _ in range(args.rounds):
+            for option in variants:
+                times[option].extend(time_variant(option, args.format, args.steps, args.warmup, Path(tmp)))
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    print(f"Diagnostics overhead: nano model, format={args.format}, {args.rounds} rounds x {args.steps} steps "
+          f"(+{args.warmup} warm-up), device={device}, torch threads={torch.get_num_threads()}")
+    print(f"{'callbacks':<10} {'mean ms/step':>13} {'median ms/step':>15} {'ratio (mean)':>13} {'target':>8}")
+    base = statistics.fmean(times["none"])
+    for option in variants:
+        mean = statistics.fmean(times[option])
+        med = statistics.median(times[option])
+        target = TARGETS.get(option)
+        verdict = "" if target is None else f"<= {target:.2f} {'ok' if mean / base <= target else 'MISSED'}"
+        print(f"{option:<10} {1000 * mean:>13.2f} {1000 * med:>15.2f} {mean / base:>13.3f} {verdict:>8}")
