@@ -290,6 +290,7 @@ SCALARS: dict[str, tuple[type, ...]] = {
     "ckpt_path": (str, type(None)),
     "run_name": (str,),
     "experiment_name": (str, type(None)),
+    "resume_sweep": (bool, type(None)),  # +resume_sweep=true: skip the jobs of a rerun sweep that finished before
 }
 
 
@@ -345,7 +346,7 @@ def validate(cfg: DictConfig, *, paths: bool = True) -> dict[str, Any]:
         if key == "seed" and isinstance(value, bool):
             value = None
         _check(isinstance(value, types), key, value, " or ".join(
-            {int: "an integer", str: "a string", type(None): "null"}[t] for t in types))
+            {int: "an integer", str: "a string", bool: "true or false", type(None): "null"}[t] for t in types))
     for key in TARGET_MAPPINGS:
         # Not resolved: their entries may point at ${paths.output_dir}, which only resolves inside a Hydra job.
         node = cfg.get(key)

@@ -30,6 +30,20 @@ def _one_line(err: BaseException) -> str:
     return " ".join(parts) or type(err).__name__
 
 
+def _multirun_by_config(config_name: str, overrides: list[str]) -> bool:
+    """Whether the composed config asks for a multirun itself (`hydra.mode: MULTIRUN`, as experiment= recipes do)."""
+    from hydra import compose
+    from hydra.errors import HydraException
+    from hydra.types import RunMode
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        cfg = compose(config_name=config_name, overrides=overrides, return_hydra_config=True)
+    except (HydraException, OmegaConfBaseException):
+        return False  # reported below, by the composition check
+    return cfg.hydra.mode == RunMode.MULTIRUN
+
+
 def check_overrides(argv: list[str], conf_dir: Path, config_name: str = "train") -> str | None:
     """None when the command line looks runnable, else one line saying what is wrong and what is valid."""
     if any(a.split("=", 1)[0] in HYDRA_ONLY_FLAGS for a in argv):
@@ -48,13 +62,13 @@ def check_overrides(argv: list[str], conf_dir: Path, config_name: str = "train")
         parsed = OverridesParser.create().parse_overrides(overrides)
     except HydraException as err:
         return f"cannot parse the overrides: {_one_line(err)}"
-    if not multirun:
-        sweeps = [o.input_line for o in parsed if o.is_sweep_override()]
-        if sweeps:
-            return f"{sweeps[0]} is a sweep; add -m (multirun) to run one job per value"
+    sweeps = [o.input_line for o in parsed if o.is_sweep_override()]
 
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
+        fixed = [o.input_line for o in parsed if not o.is_sweep_override()]
+        if sweeps and not multirun and not _multirun_by_config(config_name, fixed):
+            return f"{sweeps[0]} is a sweep; add -m (multirun) to run one job per value"
         loader = GlobalHydra.instance().config_loader()
         for o in parsed:
             if o.is_delete() or o.is_hydra_override() and "/" not in o.key_or_group:

@@ -309,8 +309,11 @@ def main(cfg: DictConfig) -> None:
 
     from altgrad.data.sources import DataUnavailableError
     from altgrad.quant.layer_map import LayerMapError
+    from altgrad.sweep.resume import skip_finished
 
     try:
+        if skip_finished(cfg):  # +resume_sweep=true: this job finished in an earlier run of the same sweep
+            return
         summary = train(cfg)
     except (ConfigError, DataUnavailableError, LayerMapError) as err:
         # Known, user-fixable problems: one line, no traceback. A multirun re-raises so the other jobs go on and

@@ -16,7 +16,9 @@ from omegaconf import DictConfig, OmegaConf
 from altgrad.config import ConfigError, valid_formats, validate
 from altgrad.data.datamodule import TextDataModule
 from altgrad.model import GPT, GPTConfig
-from altgrad.module import WarmupCosine, build_optimizer, param_groups
+from altgrad.module import WarmupCosine
+from altgrad.optim import build_optimizer
+from altgrad.optim.factory import weight_decay_groups
 from altgrad.preflight import check_overrides
 from altgrad.train import build_callbacks, build_loggers, build_module, build_trainer
 
@@ -81,9 +83,14 @@ def test_option_composes_validates_and_instantiates(tmp_path: Path, group: str, 
     elif group == "optimizer":
         factory = hydra.utils.instantiate({k: v for k, v in cfg.optimizer.items() if k not in ("name", "label")})
         assert issubclass(factory.func, torch.optim.Optimizer)
+        # built the way configure_optimizers builds it: over a quantized GPT, each weight told its grid
+        from altgrad.callbacks.fake_quant import FakeQuantCallback
+
+        model = GPT(GPTConfig(block_size=8, vocab_size=16, n_layer=1, n_head=1, n_embd=8))
+        FakeQuantCallback({"name": "e4m3", "grad": "e5m2"}, {"base_rules": []}).apply(model)
+        opt, info = build_optimizer(cfg.optimizer, model)
+        assert isinstance(opt, factory.func) and info["name"] == option
         if option == "adamw":
-            opt = build_optimizer(cfg.optimizer, GPT(GPTConfig(block_size=8, vocab_size=16, n_layer=1, n_head=1,
-                                                                n_embd=8)))
             assert isinstance(opt, torch.optim.AdamW) and tuple(opt.defaults["betas"]) == (0.9, 0.99)
     elif group in ("format", "layer_map"):
         quant = pytest.importorskip("altgrad.callbacks.fake_quant")
@@ -186,6 +193,6 @@ def test_warmup_cosine_schedule() -> None:
 
 def test_param_groups_list_tied_weights_once() -> None:
     model = GPT(GPTConfig(block_size=8, vocab_size=16, n_layer=1, n_head=1, n_embd=8, bias=True))
-    groups = param_groups(model, 0.1)
+    groups, _ = weight_decay_groups(model, 0.1)
     flat = [p for g in groups for p in g["params"]]
     assert len(flat) == len({id(p) for p in flat}) == len(list(model.parameters()))
