@@ -134,9 +134,9 @@ class GradientCallback(Instrument):
             return
         metrics = to_floats(values)
         self.log_scalars(trainer, metrics)
-        for name, v in metrics.items():
-            kind = name.rsplit("/", 1)[1]
-            {"cosine": self._cosines, "snr_db": self._snrs, "zero_update_frac": self._zero}.get(kind, []).append(v)
+        self._cosines += [v for k, v in metrics.items() if k.endswith("/cosine")]
+        self._snrs += [v for k, v in metrics.items() if k.endswith("/snr_db")]
+        self._zero += [v for k, v in metrics.items() if k.endswith("/zero_update_frac")]
         self.summarize(pl_module,
                        min_grad_cosine=min(finite(self._cosines), default=None),
                        min_grad_snr_db=min(finite(self._snrs), default=None),
