@@ -12,8 +12,9 @@ import torch
 from torch import nn
 
 from altgrad.quant.format import get_format
-from altgrad.quant.rounding import draw_seed, quantize_scaled
-from altgrad.quant.scaling import compute_scale, make_scaler
+from altgrad.quant.quant_call import quant_call
+from altgrad.quant.rounding import draw_seed, kernel_params, quantize_scaled
+from altgrad.quant.scaling import Scaler, compute_scale, make_scaler, scale_consts
 from altgrad.quant.spec import QuantSpec
 from altgrad.quant.stats import STAT_NAMES, quant_stats
 
@@ -41,6 +42,29 @@ def fake_quant(x: torch.Tensor, spec: QuantSpec, scale: torch.Tensor | None = No
     return _FakeQuant.apply(x, spec.format, spec.rounding, spec.overflow, scale, _seed_for(spec, x))
 
 
+class _Straight(torch.autograd.Function):
+    """Forward returns the already quantized ``y``; the gradient flows to x unchanged (straight through)."""
+
+    @staticmethod
+    def forward(ctx, x, y):  # noqa: ANN001, ANN205
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):  # noqa: ANN001, ANN205
+        return grad, None
+
+
+def _fused_quantize(x: torch.Tensor, spec: QuantSpec, scaler: Scaler, seed: torch.Tensor | None,
+                    with_stats: bool) -> tuple[torch.Tensor, torch.Tensor | None, tuple[torch.Tensor, ...]]:
+    """(quantize(x·s)/s, stats or None, the scaler's new state) from one fused call; nothing is written."""
+    sc = spec.scaling
+    call = quant_call(type(scaler).scale_fn, sc.pow2, sc.reduce, sc.block, spec.rounding, with_stats)
+    p = kernel_params(spec.format, spec.rounding, spec.overflow, x.device)
+    consts = scale_consts(spec.format, sc.margin, x.device)
+    with torch.no_grad():
+        return call(x.detach(), p, consts, seed, *scaler.state())
+
+
 class _QuantGrad(torch.autograd.Function):
     """Identity forward; backward returns the gradient quantized by ``spec`` (and lets ``owner`` record it)."""
 
@@ -54,13 +78,14 @@ class _QuantGrad(torch.autograd.Function):
     def backward(ctx, grad):  # noqa: ANN001, ANN205
         spec, owner = ctx.spec, ctx.owner
         (seed,) = ctx.saved_tensors
-        if owner is not None:
-            scale = owner.scaler(grad, update=True) if spec.scaling.kind != "none" else None
-        else:
+        if owner is None:
             scale = compute_scale(grad, spec.format, spec.scaling)
-        gq = quantize_scaled(grad, spec.format, scale, spec.rounding, spec.overflow, seed=seed)
-        if owner is not None and owner.track_stats:
-            owner.stats.copy_(quant_stats(grad, gq, spec.format, scale))
+            return quantize_scaled(grad, spec.format, scale, spec.rounding, spec.overflow, seed=seed), None, None, None
+        seed = seed if spec.rounding == "stochastic" else None
+        gq, stats, new = _fused_quantize(grad, spec, owner.scaler, seed, owner.track_stats)
+        owner.scaler.load_state_(new)
+        if stats is not None:
+            owner.stats.copy_(stats)
         return gq, None, None, None
 
 
@@ -99,12 +124,13 @@ class TensorQuantizer(nn.Module):
         if not self.enabled:
             return x
         spec = self.spec
-        scale = self._scale(x, update=self.training)
-        y = _FakeQuant.apply(x, spec.format, spec.rounding, spec.overflow, scale, _seed_for(spec, x))
-        if self.track_stats:
+        y, stats, new = _fused_quantize(x, spec, self.scaler, _seed_for(spec, x), self.track_stats)
+        if self.training:
+            self.scaler.load_state_(new)
+        if stats is not None:
             with torch.no_grad():
-                self.stats.copy_(quant_stats(x, y, spec.format, scale))
-        return y
+                self.stats.copy_(stats)
+        return _Straight.apply(x, y)
 
     def scale_for(self, x: torch.Tensor) -> torch.Tensor:
         """The scale a forward on x would use now (broadcastable to x; 1 without scaling); no state change."""

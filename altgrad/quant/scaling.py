@@ -8,6 +8,7 @@ checkpoints. Every scale is a finite positive float32: an amax of 0, Inf or NaN 
 from __future__ import annotations
 
 import abc
+import math
 
 import torch
 from torch import nn
@@ -42,17 +43,111 @@ def scale_from_amax(fmt: FloatFormat, amax: torch.Tensor, prev: torch.Tensor | f
     return pow2_floor(s) if pow2 else s
 
 
+# Slots of the per-(format, margin, device) float32 constant tensor that the pure scale functions read.
+C_MAX, C_MARGIN, C_MIN_NORMAL = range(3)
+_CONSTS: dict[tuple[FloatFormat, int, torch.device], torch.Tensor] = {}
+
+
+def scale_consts(fmt: FloatFormat, margin: int, device: torch.device) -> torch.Tensor:
+    """float32 [max, 2^-margin, smallest normal] on ``device``, cached (no host → device copy per call)."""
+    values = [fmt.max, 2.0 ** -margin, math.ldexp(1.0, fmt.emin)]
+    if torch.compiler.is_compiling():  # a graph constant; no cache mutation inside a traced region
+        return torch.tensor(values, dtype=torch.float32, device=device)
+    key = (fmt, margin, torch.device(device))
+    c = _CONSTS.get(key)
+    if c is None:
+        c = _CONSTS[key] = torch.tensor(values, dtype=torch.float32, device=device)
+    return c
+
+
+def _scale_from(amax: torch.Tensor, consts: torch.Tensor, prev: torch.Tensor | float, pow2: bool) -> torch.Tensor:
+    """scale_from_amax with the format's max and 2^-margin read from ``consts`` (bit for bit the same values:
+    ``max / a`` on a tensor is ``reciprocal(a) * max``, and multiplying by a power of two rounds once)."""
+    valid = torch.isfinite(amax) & (amax > 0)
+    s = torch.where(valid, torch.reciprocal(torch.where(valid, amax, 1.0)) * consts[C_MAX], prev) * consts[C_MARGIN]
+    s = torch.clamp(torch.nan_to_num(s, nan=1.0, posinf=_S_MAX), _S_MIN, _S_MAX).to(torch.float32)
+    return pow2_floor(s) if pow2 else s
+
+
+# Pure scale functions, one per kind: (x, consts, state, pow2, reduce, block) -> (scale, new state).
+# They own the semantics; the Scaler modules own the state (buffers) and apply the new state.
+State = tuple[torch.Tensor, ...]
+
+
+def none_scale(x: torch.Tensor, consts: torch.Tensor, state: State, pow2: bool, reduce: str,
+               block: int) -> tuple[torch.Tensor | None, State]:
+    """No scaling."""
+    return None, ()
+
+
+def tensor_scale(x: torch.Tensor, consts: torch.Tensor, state: State, pow2: bool, reduce: str,
+                 block: int) -> tuple[torch.Tensor, State]:
+    """One scale from x's amax; state = (last scale,), the fallback for a 0/Inf/NaN amax."""
+    s = _scale_from(finite_amax(x), consts, state[0], pow2)
+    return s, (s,)
+
+
+def delayed_scale(x: torch.Tensor, consts: torch.Tensor, state: State, pow2: bool, reduce: str,
+                  block: int) -> tuple[torch.Tensor, State]:
+    """Scale from the amax history (state = (history, last scale)); x's amax is pushed to the history's front."""
+    hist, prev = state
+    cur = finite_amax(x)
+    ref = hist.amax() if reduce == "max" else hist[0]
+    s = _scale_from(torch.where(ref > 0, ref, cur), consts, prev, pow2)
+    return s, (torch.cat([cur.reshape(1), hist[:-1]]), s)
+
+
+def channel_scale(x: torch.Tensor, consts: torch.Tensor, state: State, pow2: bool, reduce: str,
+                  block: int) -> tuple[torch.Tensor, State]:
+    """One scale per row (amax over the last dim); fallback 1; no state."""
+    amax = finite_amax(x) if x.dim() < 2 else finite_amax(x, dim=-1)
+    return _scale_from(amax, consts, 1.0, pow2), ()
+
+
+def block_scale(x: torch.Tensor, consts: torch.Tensor, state: State, pow2: bool, reduce: str,
+                block: int) -> tuple[torch.Tensor, State]:
+    """One power-of-two scale per ``block`` values of the last dim (x's shape); fallback 1; no state."""
+    cols = x.shape[-1] if x.dim() else 1
+    pad = (-cols) % block
+    a = torch.nn.functional.pad(x.detach().reshape(-1, cols).to(torch.float32), (0, pad))
+    amax = finite_amax(a.reshape(a.shape[0], -1, block), dim=-1)  # (rows, blocks, 1)
+    s = _scale_from(amax, consts, 1.0, pow2=True)
+    s = s.expand(-1, -1, block).reshape(a.shape[0], -1)[:, :cols]
+    return s.reshape(x.shape), ()
+
+
 class Scaler(nn.Module, abc.ABC):
-    """Base: ``forward(x, update)`` returns s broadcastable to x; ``update=False`` leaves the state untouched."""
+    """Base: ``forward(x, update)`` returns s broadcastable to x; ``update=False`` leaves the state untouched.
+
+    ``scale_fn`` is the kind's pure function and ``state()`` its buffers, so fused callers can run the scale
+    inside one compiled graph and write the new state back with ``load_state_``.
+    """
+
+    scale_fn = staticmethod(none_scale)
 
     def __init__(self, fmt: FloatFormat, spec: ScalingSpec) -> None:
         super().__init__()
         self.fmt = fmt
         self.spec = spec
 
-    @abc.abstractmethod
+    def state(self) -> State:
+        """The buffers the scale depends on and updates (in the order ``scale_fn`` takes them)."""
+        return ()
+
+    @torch.no_grad()
+    def load_state_(self, new: State) -> None:
+        """Copy a state returned by ``scale_fn`` into the buffers."""
+        for buf, value in zip(self.state(), new):
+            buf.copy_(value)
+
     def forward(self, x: torch.Tensor, update: bool = True) -> torch.Tensor:
         """The scale for x; with ``update`` the scaler's state (history, last scale) records this call."""
+        spec = self.spec
+        consts = scale_consts(self.fmt, spec.margin, x.device)
+        s, new = type(self).scale_fn(x, consts, self.state(), spec.pow2, spec.reduce, spec.block)
+        if update:
+            self.load_state_(new)
+        return s
 
 
 class NoScaler(Scaler):
@@ -65,16 +160,14 @@ class NoScaler(Scaler):
 class TensorScaler(Scaler):
     """One scale from the current tensor's amax; the last good scale is the fallback for a 0/Inf/NaN amax."""
 
+    scale_fn = staticmethod(tensor_scale)
+
     def __init__(self, fmt: FloatFormat, spec: ScalingSpec) -> None:
         super().__init__(fmt, spec)
         self.register_buffer("scale", torch.ones((), dtype=torch.float32))
 
-    def forward(self, x: torch.Tensor, update: bool = True) -> torch.Tensor:
-        s = scale_from_amax(self.fmt, finite_amax(x), self.scale, self.spec.margin, self.spec.pow2)
-        if update:
-            with torch.no_grad():
-                self.scale.copy_(s)
-        return s
+    def state(self) -> State:
+        return (self.scale,)
 
 
 class DelayedScaler(Scaler):
@@ -83,31 +176,21 @@ class DelayedScaler(Scaler):
     Before any history exists (all zeros) the current amax is used, so the first step is not blind.
     """
 
+    scale_fn = staticmethod(delayed_scale)
+
     def __init__(self, fmt: FloatFormat, spec: ScalingSpec) -> None:
         super().__init__(fmt, spec)
         self.register_buffer("amax_history", torch.zeros(spec.history, dtype=torch.float32))
         self.register_buffer("scale", torch.ones((), dtype=torch.float32))
 
-    def forward(self, x: torch.Tensor, update: bool = True) -> torch.Tensor:
-        cur = finite_amax(x)
-        hist = self.amax_history
-        ref = hist.amax() if self.spec.reduce == "max" else hist[0]
-        amax = torch.where(ref > 0, ref, cur)
-        s = scale_from_amax(self.fmt, amax, self.scale, self.spec.margin, self.spec.pow2)
-        if update:
-            with torch.no_grad():
-                hist.copy_(torch.cat([cur.reshape(1), hist[:-1]]))
-                self.scale.copy_(s)
-        return s
+    def state(self) -> State:
+        return (self.amax_history, self.scale)
 
 
 class ChannelScaler(Scaler):
     """One scale per row (every index of the leading dims, amax over the last dim); fallback 1."""
 
-    def forward(self, x: torch.Tensor, update: bool = True) -> torch.Tensor:
-        if x.dim() < 2:
-            return scale_from_amax(self.fmt, finite_amax(x), 1.0, self.spec.margin, self.spec.pow2)
-        return scale_from_amax(self.fmt, finite_amax(x, dim=-1), 1.0, self.spec.margin, self.spec.pow2)
+    scale_fn = staticmethod(channel_scale)
 
 
 class BlockScaler(Scaler):
@@ -118,15 +201,7 @@ class BlockScaler(Scaler):
     Returns a scale of x's shape; an all-zero (or non-finite) block gets s = 1.
     """
 
-    def forward(self, x: torch.Tensor, update: bool = True) -> torch.Tensor:
-        b = self.spec.block
-        cols = x.shape[-1] if x.dim() else 1
-        pad = (-cols) % b
-        a = torch.nn.functional.pad(x.detach().reshape(-1, cols).to(torch.float32), (0, pad))
-        amax = finite_amax(a.reshape(a.shape[0], -1, b), dim=-1)  # (rows, blocks, 1)
-        s = scale_from_amax(self.fmt, amax, 1.0, self.spec.margin, pow2=True)
-        s = s.expand(-1, -1, b).reshape(a.shape[0], -1)[:, :cols]
-        return s.reshape(x.shape)
+    scale_fn = staticmethod(block_scale)
 
 
 _SCALERS: dict[str, type[Scaler]] = {

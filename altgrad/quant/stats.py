@@ -20,15 +20,21 @@ _CONSTS: dict[tuple[FloatFormat, torch.device], torch.Tensor] = {}
 
 
 def _stats(x: torch.Tensor, y: torch.Tensor, scale: torch.Tensor, consts: torch.Tensor) -> torch.Tensor:
+    return stats_of(x, y, scale, consts[0], consts[1])
+
+
+def stats_of(x: torch.Tensor, y: torch.Tensor, scale: torch.Tensor, max_value: torch.Tensor,
+             min_normal: torch.Tensor) -> torch.Tensor:
+    """STAT_NAMES values (pure tensor maths, traceable into a larger fused graph); thresholds as 0-dim tensors."""
     xf = x.to(torch.float32)
     yf = y.to(torch.float32)
     finite = torch.isfinite(xf)
     ax = torch.where(finite, xf.abs(), 0.0)
     s = scale.to(torch.float32)
     n = max(xf.numel(), 1)
-    saturated = (ax * s > consts[0]).sum() / n
+    saturated = (ax * s > max_value).sum() / n
     zero = ((ax > 0) & (yf == 0)).sum() / n
-    subnormal = ((yf != 0) & torch.isfinite(yf) & (yf.abs() * s < consts[1])).sum() / n
+    subnormal = ((yf != 0) & torch.isfinite(yf) & (yf.abs() * s < min_normal)).sum() / n
     nonfinite = (~finite).sum().to(torch.float32)
     amax = ax.amax() if xf.numel() else xf.new_zeros(())
     return torch.stack([saturated, zero, subnormal, nonfinite, amax, s.mean()]).to(torch.float32)

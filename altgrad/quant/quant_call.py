@@ -1,0 +1,48 @@
+"""One quantizer call as one pure function: scale from x (and scaler state) → quantize(x·s)/s → statistics.
+
+TensorQuantizer and GradQuantizer run this through ``fused`` so the amax reduction, the scale arithmetic, the
+rounding kernel and the statistics compile into a single graph (no per-op eager dispatch on every call); the
+callers write the returned state and stats into their buffers. Inside an outer torch.compile it is traced inline.
+The operations are the same ones the separate scaler, kernel and stats functions run, so results are identical.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Callable
+
+import torch
+
+from altgrad.quant.fused import fused
+from altgrad.quant.rounding import _kernel
+from altgrad.quant.scaling import C_MAX, C_MIN_NORMAL, State
+from altgrad.quant.stats import stats_of
+
+_CALLS: dict[tuple, fused] = {}
+
+
+def _build(scale_fn: Callable, pow2: bool, reduce: str, block: int, rounding: str, with_stats: bool) -> fused:
+    def call(x: torch.Tensor, p: torch.Tensor, consts: torch.Tensor, seed: torch.Tensor | None,
+             *state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, State]:
+        s, new = scale_fn(x, consts, state, pow2, reduce, block)
+        y = _kernel(x, p, rounding, s, seed)
+        stats = None
+        if with_stats:
+            s_used = torch.ones((), dtype=torch.float32, device=x.device) if s is None else s
+            stats = stats_of(x, y, s_used, consts[C_MAX], consts[C_MIN_NORMAL])
+        return y, stats, new
+
+    # A distinct code object per configuration: dynamo caches compiled graphs per code object, so each
+    # configuration gets its own cache instead of competing for one function's recompile limit.
+    name = f"quant_call_{scale_fn.__name__}_{rounding}_{'stats' if with_stats else 'nostats'}"
+    code = call.__code__.replace(co_name=name, co_qualname=name)
+    return fused(types.FunctionType(code, call.__globals__, name, call.__defaults__, call.__closure__))
+
+
+def quant_call(scale_fn: Callable, pow2: bool, reduce: str, block: int, rounding: str, with_stats: bool) -> fused:
+    """The fused function ``(x, kernel params, scale consts, seed, *state) -> (y, stats | None, new state)``."""
+    key = (scale_fn, pow2, reduce, block, rounding, with_stats)
+    fn = _CALLS.get(key)
+    if fn is None:
+        fn = _CALLS[key] = _build(*key)
+    return fn
