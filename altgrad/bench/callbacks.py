@@ -113,18 +113,22 @@ def main(argv: list[str]) -> None:
     variants = ["none", "default", "full"]
     times: dict[str, list[float]] = {v: [] for v in variants}
     with tempfile.TemporaryDirectory(prefix="altgrad-bench-callbacks-") as tmp:
-        for _ in range(args.rounds):
+        for r in range(args.rounds):
             for option in variants:
                 times[option].extend(time_variant(option, args.format, args.steps, args.warmup, Path(tmp)))
+            print_table(times, args, rounds_done=r + 1)
 
+
+def print_table(times: dict[str, list[float]], args: argparse.Namespace, rounds_done: int) -> None:
+    """The ratio table over the rounds measured so far (printed after every round: long runs show progress)."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    print(f"Diagnostics overhead: nano model, format={args.format}, {args.rounds} rounds x {args.steps} steps "
-          f"(+{args.warmup} warm-up), device={device}, torch threads={torch.get_num_threads()}")
-    print(f"{'callbacks':<10} {'mean ms/step':>13} {'median ms/step':>15} {'ratio (mean)':>13} {'target':>8}")
+    print(f"\nDiagnostics overhead: nano model, format={args.format}, {rounds_done}/{args.rounds} rounds x "
+          f"{args.steps} steps (+{args.warmup} warm-up), device={device}, torch threads={torch.get_num_threads()}")
+    print(f"{'callbacks':<10} {'mean ms/step':>13} {'median ms/step':>15} {'ratio (mean)':>13} {'target':>12}")
     base = statistics.fmean(times["none"])
-    for option in variants:
-        mean = statistics.fmean(times[option])
-        med = statistics.median(times[option])
+    for option, samples in times.items():
+        mean = statistics.fmean(samples)
         target = TARGETS.get(option)
         verdict = "" if target is None else f"<= {target:.2f} {'ok' if mean / base <= target else 'MISSED'}"
-        print(f"{option:<10} {1000 * mean:>13.2f} {1000 * med:>15.2f} {mean / base:>13.3f} {verdict:>8}")
+        print(f"{option:<10} {1000 * mean:>13.2f} {1000 * statistics.median(samples):>15.2f} "
+              f"{mean / base:>13.3f} {verdict:>12}", flush=True)
