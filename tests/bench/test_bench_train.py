@@ -63,7 +63,7 @@ def test_same_seed_same_run_and_a_complete_summary(tmp_path: Path) -> None:
     assert on_disk == summary
     assert summary["diagnostics"]["probe_steps"] == 6
     assert summary["status"] == "completed" and summary["steps"] == 6 and summary["seed"] == 7
-    assert summary["experiment"] == "unit" and summary["lr"] == pytest.approx(1e-3)
+    assert summary["experiment"] == "unit" and summary["lr"] == summary["config"]["optimizer"]["lr"]
     assert (summary["master"], summary["storage_rounding"], summary["layer_map"]) == ("fp32", "nearest", "uniform")
     assert summary["best_val_loss"] <= summary["final_val_loss"]
     assert summary["tokens_per_second"] > 0 and summary["tokens_seen"] == 6 * 4 * 32
