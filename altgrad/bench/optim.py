@@ -27,10 +27,10 @@ TARGET_RATIO = 2.0
 
 # label → optimizer config (the conf/optimizer files' targets with their default hyper-parameters)
 CONFIGS: dict[str, dict[str, Any]] = {
-    "adamw": {"_target_": "torch.optim.AdamW", "lr": 1e-3, "betas": [0.9, 0.99], "weight_decay": 0.1,
+    "adamw": {"_target_": "torch.optim.AdamW", "lr": 5e-3, "betas": [0.9, 0.99], "weight_decay": 0.1,
               "foreach": True},
     "manifold[update]": {"_target_": "altgrad.optim.ManifoldAdamW", "stiffness_on": "update", "weight_decay": 0.1},
-    "manifold[grad]": {"_target_": "altgrad.optim.ManifoldAdamW", "stiffness_on": "grad", "lr": 1e-3,
+    "manifold[grad]": {"_target_": "altgrad.optim.ManifoldAdamW", "stiffness_on": "grad", "lr": 5e-3,
                        "weight_decay": 0.1},
     "manifold[update,smooth]": {"_target_": "altgrad.optim.ManifoldAdamW", "stiffness_kind": "smooth",
                                 "weight_decay": 0.1},

@@ -19,7 +19,7 @@ from torch.optim import Optimizer
 from altgrad.optim.adam import adamw_step_, init_adam_state
 from altgrad.optim.stiffness import Grid
 
-PLAIN_LR = 1e-3  # AdamW learning rate of the plain (grid-less) groups, in real units: nanoGPT's small-model lr
+PLAIN_LR = 5e-3  # AdamW lr of the plain (grid-less) groups, real units: conf/optimizer/adamw.yaml's tuned lr
 PLAIN_BETAS = (0.9, 0.99)  # conf/optimizer/adamw.yaml's betas: plain groups step like the baseline
 PLAIN_EPS = 1e-8
 

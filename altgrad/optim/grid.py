@@ -43,7 +43,7 @@ class GridOptim(QuantAwareOptimizer):
     def __init__(
         self,
         params: Iterable[Tensor] | Iterable[dict[str, Any]],
-        lr: float = 0.5,
+        lr: float = 1.0,
         inner: str = "adam",
         lr_unit: str = "ulp",
         momentum: float = 0.9,

@@ -35,7 +35,7 @@ class ManifoldAdamW(QuantAwareOptimizer):
     def __init__(
         self,
         params: Iterable[Tensor] | Iterable[dict[str, Any]],
-        lr: float = 0.25,
+        lr: float = 1.0,
         betas: tuple[float, float] = (0.9, 0.99),
         eps: float = 1e-8,
         weight_decay: float = 0.0,

@@ -75,7 +75,7 @@ def test_composed_through_train_yaml_too():
         cfg = compose(config_name="train", overrides=["optimizer=manifold_grad"])
     assert cfg.optimizer.stiffness_on == "grad" and cfg.optimizer.label == "manifold[grad]"
     optimizer, info = build_optimizer(cfg.optimizer, gpt())
-    assert isinstance(optimizer, ManifoldAdamW) and optimizer.defaults["lr"] == 1e-3
+    assert isinstance(optimizer, ManifoldAdamW) and optimizer.defaults["lr"] == 5e-3
 
 
 def test_explicit_grids_override_the_model_and_an_unquantized_model_is_all_plain():
