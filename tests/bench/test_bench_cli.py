@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import TINY, run_cli
+from bench_helpers import TINY, run_cli
 
 
 def read_summary(run_dir: Path) -> dict:

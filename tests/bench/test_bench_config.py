@@ -22,7 +22,7 @@ from altgrad.optim.factory import weight_decay_groups
 from altgrad.preflight import check_overrides
 from altgrad.train import build_callbacks, build_loggers, build_module, build_trainer
 
-from conftest import REPO
+from bench_helpers import REPO
 
 CONF = REPO / "conf"
 

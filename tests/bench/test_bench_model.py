@@ -10,7 +10,7 @@ import yaml
 
 from altgrad.model import GPT, GPTConfig
 
-from conftest import REPO
+from bench_helpers import REPO
 
 
 def preset(name: str, vocab_size: int) -> GPTConfig:

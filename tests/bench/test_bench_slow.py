@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TINY, run_cli
+from bench_helpers import TINY, run_cli
 
 pytestmark = pytest.mark.slow
 

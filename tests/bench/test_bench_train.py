@@ -15,7 +15,7 @@ from omegaconf import DictConfig
 from altgrad.config import ConfigError
 from altgrad.train import train
 
-from conftest import REPO, TINY
+from bench_helpers import REPO, TINY
 
 
 def tiny_cfg(run_dir: Path, *overrides: str) -> DictConfig:

@@ -85,7 +85,7 @@ def test_explicit_grids_override_the_model_and_an_unquantized_model_is_all_plain
     assert info["rule_params"] == [] and len(info["plain_params"]) == len(list(model.parameters()))
     with pytest.raises(ValueError, match="needs at least one quantized weight"):
         build_optimizer(OmegaConf.load(CONF / "optimizer" / "grid.yaml"), model)
-    from conftest import quantizer
+    from optim_helpers import quantizer
 
     w = model.transformer.h[0].mlp.c_fc.weight
     optimizer, info = build_optimizer(cfg, model, grids={w: quantizer("e4m3", "tensor")})

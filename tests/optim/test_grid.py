@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import on_grid, quantizer
+from optim_helpers import on_grid, quantizer
 
 from altgrad.optim import GridOptim, grid_ordinal, ordinal_value, walk
 from altgrad.optim.grid_walk import grid_move

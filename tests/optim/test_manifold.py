@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from conftest import quantizer
+from optim_helpers import quantizer
 
 from altgrad.optim import ManifoldAdamW, stiffness
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import lightning as L
 import pytest
 import torch
-from conftest import TinyNet
+from optim_helpers import TinyNet
 
 from altgrad.optim import GridOptim, Madam, ManifoldAdamW
 from altgrad.quant.layers import weight_grids
