@@ -21,15 +21,8 @@ import lightning as L
 import torch
 
 from altgrad.callbacks.base import Instrument, backbone, mean, metric_name, quantized_weights, to_floats
-from altgrad.diagnostics import (
-    code_histogram,
-    entropy_bits,
-    grid_index,
-    grid_midpoints,
-    index_dtype,
-    log2_stiffness,
-    pearson,
-)
+from altgrad.diagnostics import code_histogram, code_index, entropy_bits, log2_stiffness, pearson
+from altgrad.quant import quantize
 
 TRAJECTORY_COLUMNS = ["step", "layer", "sample", "element", "code_index", "value"]
 
@@ -49,10 +42,17 @@ class BitsCallback(Instrument):
         self.histograms = histograms
         self.csv_path = csv_path
         self._samples: dict[str, torch.Tensor] = {}
+        self._sizes: dict[Any, int] = {}
         self.trajectories: list[list[Any]] = []
         self._bits: list[float] = []
         self._final_bits: list[float] = []
         self._pending: tuple[dict[str, torch.Tensor], dict[str, Any], list[Any]] | None = None
+
+    def _grid_size(self, fmt: Any) -> int:
+        """Number of finite values of the format (cached: values() enumerates every code)."""
+        if fmt not in self._sizes:
+            self._sizes[fmt] = fmt.values().numel()
+        return self._sizes[fmt]
 
     def _sample(self, name: str, w: torch.Tensor) -> torch.Tensor:
         """Fixed element indices per tensor, drawn from a private generator (the training RNG is not touched)."""
@@ -74,9 +74,10 @@ class BitsCallback(Instrument):
             fmt = ql.weight_q.spec.format
             w = ql.weight.detach()
             s = ql.weight_q.scale_for(w).detach().float()
-            grid = fmt.values().to(w.device)
-            idx = grid_index(w * s, grid_midpoints(grid), index_dtype(grid.numel()))
-            counts = code_histogram(idx, grid.numel())
+            q = quantize(w.float() * s, fmt, overflow=ql.weight_q.spec.overflow)  # on the grid, unscaled
+            idx = code_index(q, fmt)
+            size = self._grid_size(fmt)
+            counts = code_histogram(idx, size)
             values[metric_name(self.group, name, "weight", "effective_bits")] = entropy_bits(counts)
             log2s = log2_stiffness(w, fmt, s).reshape(-1)
             for stat, v in (("mean", log2s.mean()), ("std", log2s.std()), ("min", log2s.min()),
@@ -86,12 +87,13 @@ class BitsCallback(Instrument):
                 values[metric_name(self.group, name, "weight", "grad_stiffness_corr")] = pearson(
                     ql.weight.grad.abs(), torch.exp2(log2s))
             if self.histograms:
-                hists[metric_name(self.group, name, "weight", "codes")] = (counts, grid.numel())
+                hists[metric_name(self.group, name, "weight", "codes")] = (counts, size)
                 hists[metric_name(self.group, name, "weight", "log2_stiffness")] = log2s
             if self.samples_per_tensor:
                 sample = self._sample(name, w)
                 sidx = idx.reshape(-1)[sample].long()
-                traj.append((step, name, sample, sidx, grid[sidx] / s.expand_as(w).reshape(-1)[sample]))
+                value = q.reshape(-1)[sample] / torch.broadcast_to(s, w.shape).reshape(-1)[sample]
+                traj.append((step, name, sample, sidx, value))
         self._pending = (values, hists, traj)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,

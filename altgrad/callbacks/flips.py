@@ -1,16 +1,19 @@
 """Flips, stalls, oscillations and descent quality of every quantized weight, at every optimizer step.
 
-Per step and tensor, vectorised and without host syncs: the weight's quantized value before the step (on the scale
-in force before the step) is compared with its quantized value after it, on the same grid, once FakeQuantCallback
-has applied the storage policy (it runs first). The intended update is the optimizer's own change of the stored
-weight, read by an optimizer step post-hook, before any snapping. The per-step work is one fused kernel per tensor
-(under ALTGRAD_COMPILE, like the quantizers). Counts accumulate on the device and are logged as means over each
-interval:
+Per step and tensor, vectorised and without host syncs: the weight before the step and after it (once
+FakeQuantCallback has applied the storage policy; it runs first) are both quantized on the grid the step's forward
+used (the scale the weight quantizer recorded; computed afresh for channel/block scaling) and compared; the intended
+update is the optimizer's own change of the stored weight, read by an optimizer step post-hook before any snapping.
+Both quantizations and the counting are one fused kernel per tensor (under ALTGRAD_COMPILE, like the quantizers).
+``max_weights_per_tensor`` tracks a fixed random sample of each tensor instead of all of it (an unbiased estimate
+of the same rates at a fraction of the cost; None = every weight). Counts accumulate on the device and are logged
+as means over each interval:
 - ``flip_rate``: share of weights whose quantized value changed;
 - ``stall_ratio``: 1 − flips / weights that received a nonzero update;
 - ``oscillation_rate``: bias-corrected EMA of the share of weights whose flip reversed their previous flip
   (Nagel et al. 2022, "Overcoming Oscillations in Quantization-Aware Training");
 - ``descent_cos``: cosine between the intended update and the applied change of the quantized weight.
+Cross-step state is one int8 per tracked weight (the direction of its last flip).
 """
 
 from __future__ import annotations
@@ -23,27 +26,46 @@ import torch
 
 from altgrad.callbacks.base import Instrument, backbone, mean, metric_name, quantized_weights
 from altgrad.diagnostics import ema_debiased, ema_update, flip_counts, stall_ratio
-from altgrad.quant import quantize_scaled
+from altgrad.quant import STAT_NAMES, quantize_scaled
 from altgrad.quant.fused import fused
 from altgrad.quant.layers import QuantLinear
 
-_flip_counts = fused(flip_counts)
+_SCALE = STAT_NAMES.index("scale")
+_RECORDED_SCALE = ("tensor", "delayed")  # one scale per tensor, recorded in stats by this step's forward
+
+
+def _flip_kernel(before: torch.Tensor, after: torch.Tensor, scale: torch.Tensor, intended: torch.Tensor,
+                 last_direction: torch.Tensor, fmt: Any, overflow: str) -> tuple[torch.Tensor, torch.Tensor]:
+    q_before = quantize_scaled(before, fmt, scale, "nearest", overflow)
+    q_after = quantize_scaled(after, fmt, scale, "nearest", overflow)
+    return flip_counts(q_before, q_after, intended, last_direction)
+
+
+_fused_flip = fused(_flip_kernel)
 
 
 @dataclass
 class _Tracked:
-    """Per-tensor state: last flip direction, this step's before-state, interval accumulators."""
+    """Per-tensor state: which weights, their last flip direction, this step's before-state, accumulators."""
 
     name: str
     layer: QuantLinear
-    last_direction: torch.Tensor  # int8: −1/0/+1, direction of each weight's last flip
+    index: torch.Tensor | None    # flat indices of the tracked sample (None: every weight)
+    last_direction: torch.Tensor  # int8: −1/0/+1, direction of each tracked weight's last flip
     acc: torch.Tensor             # [flips, updated, reversals, descent_cos sum, steps] over the interval
     osc_ema: torch.Tensor
     osc_steps: int = 0
     scale: torch.Tensor | None = None
-    q_before: torch.Tensor | None = None
-    delta: torch.Tensor | None = None  # the weight before the step; the intended update once the step ran
-    stepped: bool = False
+    before: torch.Tensor | None = None
+    intended: torch.Tensor | None = None
+
+    @property
+    def size(self) -> int:
+        return self.last_direction.numel()
+
+    def select(self, t: torch.Tensor) -> torch.Tensor:
+        """The tracked weights of a weight-shaped tensor (flat when sampled)."""
+        return t if self.index is None else t.reshape(-1)[self.index]
 
 
 class FlipCallback(Instrument):
@@ -51,11 +73,17 @@ class FlipCallback(Instrument):
 
     group = "flips"
 
-    def __init__(self, every_n_steps: int = 10, oscillation_momentum: float = 0.01) -> None:
+    def __init__(self, every_n_steps: int = 10, oscillation_momentum: float = 0.01,
+                 max_weights_per_tensor: int | None = None, seed: int = 0) -> None:
         super().__init__(every_n_steps)
         if not 0.0 < oscillation_momentum <= 1.0:
             raise ValueError(f"oscillation_momentum={oscillation_momentum} is not valid; valid: 0 < m <= 1")
+        if max_weights_per_tensor is not None and int(max_weights_per_tensor) < 1:
+            raise ValueError(f"max_weights_per_tensor={max_weights_per_tensor} is not valid; "
+                             "valid: null (every weight) or an integer >= 1")
         self.momentum = float(oscillation_momentum)
+        self.max_weights = None if max_weights_per_tensor is None else int(max_weights_per_tensor)
+        self.seed = int(seed)
         self.tracked: list[_Tracked] = []
         self._hooks: list[Any] = []
         self._pending = False
@@ -66,12 +94,22 @@ class FlipCallback(Instrument):
         self._all_cos: list[float] = []
 
     # -- set-up --------------------------------------------------------------------------------------------------
+    def _sample(self, name: str, w: torch.Tensor) -> torch.Tensor | None:
+        """A fixed sorted sample of flat indices, from a private generator (the training RNG is not touched)."""
+        if self.max_weights is None or w.numel() <= self.max_weights:
+            return None
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + sum(map(ord, name)))
+        return torch.randperm(w.numel(), generator=g)[: self.max_weights].sort().values.to(w.device)
+
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.tracked = []
         for name, ql in quantized_weights(backbone(pl_module)):
             w = ql.weight
+            index = self._sample(name, w)
+            shape = w.shape if index is None else index.shape
             self.tracked.append(_Tracked(
-                name=name, layer=ql, last_direction=torch.zeros(w.shape, dtype=torch.int8, device=w.device),
+                name=name, layer=ql, index=index,
+                last_direction=torch.zeros(shape, dtype=torch.int8, device=w.device),
                 acc=torch.zeros(5, dtype=torch.float32, device=w.device),
                 osc_ema=torch.zeros((), dtype=torch.float32, device=w.device)))
         for opt in trainer.optimizers:
@@ -84,10 +122,17 @@ class FlipCallback(Instrument):
 
     # -- per step ------------------------------------------------------------------------------------------------
     @staticmethod
-    def _quantized(t: _Tracked, w: torch.Tensor) -> torch.Tensor:
-        """q(w·s)/s on the grid of the scale recorded before the step (round to nearest)."""
+    def _forward_scale(t: _Tracked, w: torch.Tensor) -> torch.Tensor:
+        """The scale of this step's forward: recorded in stats for one-scale kinds, recomputed otherwise."""
         q = t.layer.weight_q
-        return quantize_scaled(w, q.spec.format, t.scale, "nearest", q.spec.overflow)
+        if q.spec.scaling.kind == "none":
+            return torch.ones((), dtype=torch.float32, device=w.device)
+        if q.spec.scaling.kind in _RECORDED_SCALE and q.track_stats:
+            return q.stats[_SCALE].detach()
+        s = q.scale_for(w).detach().float()
+        if s.numel() == 1 or t.index is None:
+            return s
+        return torch.broadcast_to(s, w.shape).reshape(-1)[t.index]
 
     @torch.no_grad()
     def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: Any) -> None:
@@ -95,10 +140,9 @@ class FlipCallback(Instrument):
             return
         for t in self.tracked:
             w = t.layer.weight.detach()
-            t.scale = t.layer.weight_q.scale_for(w).detach().float()
-            t.q_before = self._quantized(t, w)
-            t.delta = w.clone()
-            t.stepped = False
+            t.scale = self._forward_scale(t, w)
+            t.before = w.clone() if t.index is None else t.select(w)
+            t.intended = None
         self._pending = True
 
     @torch.no_grad()
@@ -106,9 +150,8 @@ class FlipCallback(Instrument):
         if not self._pending:
             return
         for t in self.tracked:
-            if t.delta is not None and not t.stepped:
-                torch.sub(t.layer.weight.detach(), t.delta, out=t.delta)  # intended = w_after_step − w_before
-                t.stepped = True
+            if t.before is not None and t.intended is None:
+                t.intended = t.select(t.layer.weight.detach()) - t.before
 
     @torch.no_grad()
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
@@ -117,16 +160,17 @@ class FlipCallback(Instrument):
             return
         self._pending = False
         for t in self.tracked:
-            if t.q_before is None:
+            if t.before is None:
                 continue
-            w = t.layer.weight.detach()
-            if not t.stepped:  # no optimizer post-hook ran (e.g. a custom loop): the stored change is the intent
-                torch.sub(w, t.delta, out=t.delta)
-            counts, t.last_direction = _flip_counts(t.q_before, self._quantized(t, w), t.delta, t.last_direction)
+            after = t.select(t.layer.weight.detach())
+            intended = t.intended if t.intended is not None else after - t.before  # no post-hook ran
+            spec = t.layer.weight_q.spec
+            counts, t.last_direction = _fused_flip(t.before, after, t.scale, intended, t.last_direction,
+                                                   spec.format, spec.overflow)
             t.acc += torch.cat([counts, counts.new_ones(1)])
-            t.osc_ema = ema_update(t.osc_ema, counts[2] / w.numel(), self.momentum)
+            t.osc_ema = ema_update(t.osc_ema, counts[2] / t.size, self.momentum)
             t.osc_steps += 1
-            t.q_before = t.delta = t.scale = None
+            t.before = t.intended = t.scale = None
         if self._due:
             self._log(trainer, pl_module)
 
@@ -142,7 +186,7 @@ class FlipCallback(Instrument):
             if steps == 0:
                 continue
             m = {
-                "flip_rate": flips / (t.layer.weight.numel() * steps),
+                "flip_rate": flips / (t.size * steps),
                 "stall_ratio": stall_ratio(flips, updated),
                 "oscillation_rate": ema_debiased(osc, self.momentum, t.osc_steps),
                 "descent_cos": cos_sum / steps,

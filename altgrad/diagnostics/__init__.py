@@ -6,6 +6,7 @@ from altgrad.diagnostics.divergence import DivergenceDetector
 from altgrad.diagnostics.entropy import code_histogram, entropy_bits
 from altgrad.diagnostics.flips import (
     FlipStep,
+    code_index,
     ema_debiased,
     ema_update,
     flip_counts,
@@ -23,7 +24,7 @@ from altgrad.diagnostics.stiffness import log2_stiffness, pearson
 
 __all__ = [
     "DivergenceDetector", "FlipStep", "KURTOSIS_WARNING", "attention_entropy", "attention_probs",
-    "clip_to_range_", "code_histogram", "cosine", "effective_rank", "ema_debiased", "ema_update", "entropy_bits",
-    "flip_counts", "flip_step", "format_octaves", "grid_index", "grid_midpoints", "index_dtype", "kurtosis",
-    "log2_stiffness", "pearson", "range_limit", "range_use", "snr_db", "stable_rank", "stall_ratio",
+    "clip_to_range_", "code_histogram", "code_index", "cosine", "effective_rank", "ema_debiased", "ema_update",
+    "entropy_bits", "flip_counts", "flip_step", "format_octaves", "grid_index", "grid_midpoints", "index_dtype",
+    "kurtosis", "log2_stiffness", "pearson", "range_limit", "range_use", "snr_db", "stable_rank", "stall_ratio",
 ]

@@ -8,6 +8,7 @@ codes): the latent integer state, used for code histograms and trajectories.
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import torch
@@ -22,6 +23,34 @@ def index_dtype(grid_size: int) -> torch.dtype:
     if grid_size <= 32768:
         return torch.int16
     return torch.int32
+
+
+def code_index(q: torch.Tensor, fmt) -> torch.Tensor:
+    """Position of each grid value q (exactly on ``fmt``'s grid, unscaled) in ``fmt.values()``, by arithmetic.
+
+    The positive values are regular: subnormal k·2^(emin−M) has rank k, normal 2^e·(1 + f/2^M) has rank
+    (e − emin + 1)·2^M + f; the index is rank(max) + sign(q)·rank(|q|). Elementwise (no search), so it fuses and
+    costs a few passes; equals ``searchsorted(fmt.values(), q)`` for every format (tested against it).
+    Non-finite q gives an undefined index.
+    """
+    a = q.detach().float().abs()
+    bits = a.view(torch.int32)
+    e = ((bits >> 23) & 0xFF) - 127
+    f = (bits >> (23 - fmt.mbits)) & ((1 << fmt.mbits) - 1)
+    normal_rank = (e - fmt.emin + 1) * (1 << fmt.mbits) + f
+    subnormal_rank = torch.round(a / fmt.min_subnormal).to(torch.int32)
+    min_normal = 2.0**fmt.emin if fmt.ebits > 0 else float("inf")
+    rank = torch.where(a >= min_normal, normal_rank, subnormal_rank)
+    top = _top_rank(fmt)
+    return top + torch.where(q < 0, -rank, rank)
+
+
+def _top_rank(fmt) -> int:
+    """rank(max): the number of positive finite values of ``fmt`` (plain Python: a constant under compile)."""
+    if fmt.ebits == 0 or fmt.max < 2.0**fmt.emin:
+        return round(fmt.max / fmt.min_subnormal)
+    m, e = math.frexp(fmt.max)  # max = m·2^e, m in [0.5, 1): exponent e − 1, fraction field (2m − 1)·2^M
+    return (e - 1 - fmt.emin + 1) * (1 << fmt.mbits) + round((2 * m - 1) * (1 << fmt.mbits))
 
 
 def grid_midpoints(grid: torch.Tensor) -> torch.Tensor:

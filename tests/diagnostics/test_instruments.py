@@ -16,7 +16,7 @@ from altgrad.callbacks.flips import FlipCallback
 from altgrad.callbacks.range_clip import RangeClipCallback
 from altgrad.callbacks.rank import RankCallback
 from altgrad.callbacks.stability import StabilityCallback
-from altgrad.quant import QuantSpec, ScalingSpec, get_format
+from altgrad.quant import QuantSpec, ScalingSpec, get_format, quantize
 from altgrad.quant.layers import QuantLinear
 
 from diag_helpers import RecordingLogger, fake_trainer, tiny_gpt
@@ -142,6 +142,53 @@ def test_an_oscillating_weight_is_counted_every_step():
         ema = 0.5 * ema + 0.5 * s
         expected.append(ema / (1 - 0.5**i))
     assert rates == pytest.approx(expected)
+    cb.on_train_end(trainer, module)
+
+
+def test_flips_on_a_fixed_sample_of_weights():
+    module, fc = one_layer(weight=unscaled("e0m7"), shape=(2, 4))
+    q = 2.0**-7
+    step = torch.tensor([[0.7, 0.2, -0.6, 0.0], [1.6, -0.3, 0.0, 0.0]]) * q
+    flipped = torch.tensor([1, 0, 1, 0, 1, 0, 0, 0], dtype=torch.bool)
+    with torch.no_grad():
+        fc.weight.zero_()
+    fc.weight.grad = -step.clone()
+    opt = torch.optim.SGD([fc.weight], lr=1.0)
+    logger = RecordingLogger()
+    trainer = fake_trainer(logger, optimizers=[opt])
+    cb = FlipCallback(every_n_steps=1, max_weights_per_tensor=4, seed=3)
+    cb.on_train_start(trainer, module)
+    index = cb.tracked[0].index
+    assert index.numel() == 4 and torch.equal(index, index.sort().values)
+    run_step([cb], trainer, module, opt)
+    assert logger.last()["flips/fc/weight/flip_rate"] == pytest.approx(flipped[index].float().mean().item())
+    again = FlipCallback(max_weights_per_tensor=4, seed=3)
+    again.on_train_start(trainer, module)
+    assert torch.equal(again.tracked[0].index, index)  # the same sample every run
+    cb.on_train_end(trainer, module)
+    again.on_train_end(trainer, module)
+
+
+def test_flips_use_the_grid_of_the_steps_forward():
+    module, fc = one_layer(weight=QuantSpec(get_format("e4m3"), scaling=ScalingSpec(kind="tensor")), shape=(8, 16))
+    torch.manual_seed(0)
+    fc(torch.randn(3, 16))  # the forward records the weight's scale
+    w0 = fc.weight.detach().clone()
+    s = fc.weight_q.scale_for(w0)
+    assert s.item() == fc.weight_q.stats[-1].item()
+    fc.weight.grad = torch.randn(8, 16) * 0.01
+    opt = torch.optim.SGD([fc.weight], lr=1.0)
+    logger = RecordingLogger()
+    trainer = fake_trainer(logger, optimizers=[opt])
+    cb = FlipCallback(every_n_steps=1)
+    cb.on_train_start(trainer, module)
+    run_step([cb], trainer, module, opt)
+    fmt = get_format("e4m3")
+    before = quantize(w0 * s, fmt) / s
+    after = quantize(fc.weight.detach() * s, fmt) / s
+    expected = (before != after).float().mean().item()
+    assert 0 < expected < 1
+    assert logger.last()["flips/fc/weight/flip_rate"] == pytest.approx(expected)
     cb.on_train_end(trainer, module)
 
 

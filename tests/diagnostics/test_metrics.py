@@ -13,6 +13,7 @@ from altgrad.diagnostics import (
     attention_probs,
     clip_to_range_,
     code_histogram,
+    code_index,
     cosine,
     effective_rank,
     ema_debiased,
@@ -269,3 +270,16 @@ def test_divergence_rejects_bad_settings():
         DivergenceDetector(factor=1.0)
     with pytest.raises(ValueError, match="patience"):
         DivergenceDetector(patience=0)
+
+
+@pytest.mark.parametrize("name", ["e0m7", "e1m6", "e3m4", "e4m3", "e5m2", "e7m0", "p3109_p1", "p3109_p4",
+                                  "p3109_p7", "fp16", "bf16"])
+def test_code_index_is_the_position_in_the_sorted_values(name):
+    fmt = get_format(name)
+    values = fmt.values()
+    assert torch.equal(code_index(values, fmt).long(), torch.arange(values.numel()))
+    from altgrad.quant import quantize
+
+    x = torch.randn(4096, generator=torch.Generator().manual_seed(0)) * float(values.max()) / 4
+    q = quantize(x, fmt)
+    assert torch.equal(code_index(q, fmt).long(), torch.searchsorted(values, q))
