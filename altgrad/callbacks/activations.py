@@ -19,7 +19,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
 from altgrad.callbacks.base import Instrument, backbone, linear_layers, metric_name, to_floats
-from altgrad.callbacks.probe import probe, probe_inputs
+from altgrad.callbacks.probe import probe, probe_forward, probe_inputs
 from altgrad.diagnostics import KURTOSIS_WARNING, kurtosis, range_use
 from altgrad.quant.layers import QuantLinear
 
@@ -76,7 +76,7 @@ class ActivationCallback(Instrument):
                 if name.endswith("mlp.c_fc"):
                     hooks.append(m.register_forward_hook(fc_hook(name)))
             with probe(trainer, model):
-                model(probe_inputs(batch, self.max_sequences))
+                probe_forward(model, probe_inputs(batch, self.max_sequences))
         finally:
             for h in hooks:
                 h.remove()

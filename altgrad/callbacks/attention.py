@@ -3,7 +3,7 @@
 The GPT computes attention with fused ``F.scaled_dot_product_attention``, which never materialises the map, so
 the probe hooks each block's ``attn.c_attn`` (the fused q, k, v projection) and recomputes softmax(q·kᵀ/√d)
 with the causal mask from its output: ``attn/transformer.h.<i>.attn/head<k>/entropy`` in nats (ln T = uniform
-over T keys, 0 = one key). The model file is not touched; the probe runs eagerly outside the compiled step.
+over T keys, 0 = one key). The model file is not touched; the probe runs outside the compiled step.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import lightning as L
 import torch
 
 from altgrad.callbacks.base import Instrument, backbone, mean, to_floats
-from altgrad.callbacks.probe import probe, probe_inputs
+from altgrad.callbacks.probe import probe, probe_forward, probe_inputs
 from altgrad.diagnostics import attention_entropy, attention_probs
 
 
@@ -53,7 +53,7 @@ class AttentionCallback(Instrument):
             for name, attn in attention_modules(model):
                 hooks.append(attn.c_attn.register_forward_hook(make_hook(name, int(attn.n_head))))
             with probe(trainer, model):
-                model(probe_inputs(batch, self.max_sequences))
+                probe_forward(model, probe_inputs(batch, self.max_sequences))
         finally:
             for h in hooks:
                 h.remove()

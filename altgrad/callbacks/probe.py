@@ -1,9 +1,11 @@
 """Side passes on the current batch that leave training exactly as it was: probes and shadow passes.
 
-A probe runs the backbone eagerly (``torch.compiler.set_stance("force_eager")``: a compiled model is neither
-recompiled nor graph-broken by the temporary hooks or by switched-off quantizers) on a few sequences of the batch.
+A probe calls the backbone's own ``forward`` (never the compiled ``__call__`` of a compiled model, so that graph is
+neither recompiled nor broken by the temporary hooks) on a few sequences of the batch; the quantizers inside keep
+their fused kernels. A shadow pass runs with every quantizer switched off under
+``torch.compiler.set_stance("force_eager")`` (switched-off quantizers are identities, so nothing fused is lost).
 Quantizer state (stats, amax histories: every buffer), the global RNG streams and the train/eval mode are restored
-afterwards, so the next training step computes what it would have computed without the probe.
+afterwards, so the next training step computes what it would have computed without the side pass.
 """
 
 from __future__ import annotations
@@ -101,16 +103,24 @@ def eager() -> Any:
 
 @contextmanager
 def probe(trainer: L.Trainer | None, model: nn.Module) -> Iterator[None]:
-    """Eager, eval mode, no grad, training precision; quantizer state, RNG and mode restored afterwards."""
+    """Eval mode, no grad, training precision; quantizer state, RNG and mode restored afterwards.
+
+    Inside, run the model with :func:`probe_forward`.
+    """
     device = next(model.parameters()).device
     was_training = model.training
     try:
-        with (eager(), preserved_rng(device), preserved_quantizer_state(model), torch.no_grad(),
-              forward_context(trainer)):
+        with preserved_rng(device), preserved_quantizer_state(model), torch.no_grad(), forward_context(trainer):
             model.eval()
             yield
     finally:
         model.train(was_training)
+
+
+def probe_forward(model: nn.Module, x: torch.Tensor) -> Any:
+    """``model.forward(x)``: the model's Python forward, bypassing a compiled ``__call__`` (hooks on submodules
+    still fire; top-level hooks of ``model`` itself do not)."""
+    return model.forward(x)
 
 
 def probe_inputs(batch: Any, max_sequences: int) -> torch.Tensor:

@@ -206,6 +206,7 @@ def test_instruments_add_no_graph_breaks_or_recompiles_to_a_compiled_model(tmp_p
     import torch._dynamo
 
     model = tiny_gpt(fmt=E4M3, n_layer=1)
+    model.forward(torch.zeros(1, 8, dtype=torch.long))  # quantizer kernels built once, outside tracing
     model.compile(backend="eager", fullgraph=True)  # fullgraph: any graph break is an error
     torch._dynamo.reset()
     with torch._dynamo.config.patch(error_on_recompile=True):
