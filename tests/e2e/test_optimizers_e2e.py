@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 TINY = [
     "model.n_layer=2", "model.n_head=2", "model.n_embd=32", "model.block_size=32",
@@ -20,6 +22,7 @@ TINY = [
 OPTIMIZERS = ("sgd", "manifold", "manifold_grad", "madam", "grid")
 
 
+@pytest.mark.slow  # ≈80 s of CPU: `make test-slow`; the optimizers' numerics are in tests/optim
 def test_every_optimizer_trains_e7m0_weights_stored_on_the_grid(tmp_path):
     env = {**os.environ, "ALTGRAD_CACHE": str(tmp_path / "cache"), "WANDB_MODE": "offline", "ALTGRAD_COMPILE": "0",
            "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
