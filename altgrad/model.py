@@ -164,7 +164,8 @@ class GPT(nn.Module):
         """Sample max_new_tokens continuations of idx (B, T), cropping the context to block_size."""
         for _ in range(max_new_tokens):
             context = idx[:, -self.config.block_size :]
-            logits = self(context)[:, -1, :] / temperature
+            # forward() directly: a torch.compile'd module would recompile for every new context length
+            logits = self.forward(context)[:, -1, :] / temperature
             probs = F.softmax(logits.float(), dim=-1)
             nxt = torch.multinomial(probs, num_samples=1, generator=generator)
             idx = torch.cat((idx, nxt), dim=1)
