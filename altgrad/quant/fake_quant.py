@@ -16,7 +16,7 @@ from altgrad.quant.quant_call import quant_call
 from altgrad.quant.rounding import draw_seed, kernel_params, quantize_scaled
 from altgrad.quant.scaling import Scaler, compute_scale, make_scaler, scale_consts
 from altgrad.quant.spec import QuantSpec
-from altgrad.quant.stats import STAT_NAMES, quant_stats
+from altgrad.quant.stats import STAT_NAMES
 
 
 class _FakeQuant(torch.autograd.Function):

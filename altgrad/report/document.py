@@ -91,7 +91,8 @@ def write_report(sweep_dirs: Sequence[str | os.PathLike[str]], out_dir: str | os
         parts += ["_No failure_stage jobs in these sweeps._", ""]
     parts += ["## Why: update stalls, flips, gradient fidelity, effective bits", ""]
     if diag_names:
-        parts += [tables.diagnostics_table(cells), "", _figure(diag_png, "diagnostics per format", "No diagnostics to plot."), ""]
+        parts += [tables.diagnostics_table(cells), "",
+                  _figure(diag_png, "diagnostics per format", "No diagnostics to plot."), ""]
     else:
         parts += ["_No diagnostics in the summaries._", ""]
     parts += ["Format value grids (every positive representable value):", "",

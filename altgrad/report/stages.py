@@ -110,7 +110,8 @@ def attribute_failures(jobs: Iterable[Job], threshold: float = 0.05) -> list[For
         return None
 
     out = []
-    for opt, fmt in sorted({(o, f) for o, f, _ in groups if f != "fp32"}, key=lambda k: (rank(FORMAT_ORDER, k[1]), k[0])):
+    pairs = {(o, f) for o, f, _ in groups if f != "fp32"}
+    for opt, fmt in sorted(pairs, key=lambda k: (rank(FORMAT_ORDER, k[1]), k[0])):
         reference = fp32_ref = fp32_mean(opt)
         stages = []
         for stage in sorted({s for o, f, s in groups if (o, f) == (opt, fmt)}, key=lambda s: rank(STAGE_ORDER, s)):
