@@ -4,7 +4,8 @@ Per step and tensor, vectorised and without host syncs: the weight before the st
 FakeQuantCallback has applied the storage policy; it runs first) are both quantized on the grid the step's forward
 used (the scale the weight quantizer recorded; computed afresh for channel/block scaling) and compared; the intended
 update is the optimizer's own change of the stored weight, read by an optimizer step post-hook before any snapping.
-Both quantizations and the counting are one fused kernel per tensor (under ALTGRAD_COMPILE, like the quantizers).
+Each side is quantized by the quantizers' own fused kernel and the counting is one fused kernel per tensor
+(under ALTGRAD_COMPILE, like the quantizers).
 ``max_weights_per_tensor`` tracks a fixed random sample of each tensor instead of all of it (an unbiased estimate
 of the same rates at a fraction of the cost; None = every weight). Counts accumulate on the device and are logged
 as means over each interval:
@@ -34,14 +35,15 @@ _SCALE = STAT_NAMES.index("scale")
 _RECORDED_SCALE = ("tensor", "delayed")  # one scale per tensor, recorded in stats by this step's forward
 
 
+_fused_counts = fused(flip_counts)
+
+
 def _flip_kernel(before: torch.Tensor, after: torch.Tensor, scale: torch.Tensor, intended: torch.Tensor,
                  last_direction: torch.Tensor, fmt: Any, overflow: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Both sides on the same grid (the quantizer's own fused kernel), then the counts in one fused kernel."""
     q_before = quantize_scaled(before, fmt, scale, "nearest", overflow)
     q_after = quantize_scaled(after, fmt, scale, "nearest", overflow)
-    return flip_counts(q_before, q_after, intended, last_direction)
-
-
-_fused_flip = fused(_flip_kernel)
+    return _fused_counts(q_before, q_after, intended, last_direction)
 
 
 @dataclass
@@ -165,7 +167,7 @@ class FlipCallback(Instrument):
             after = t.select(t.layer.weight.detach())
             intended = t.intended if t.intended is not None else after - t.before  # no post-hook ran
             spec = t.layer.weight_q.spec
-            counts, t.last_direction = _fused_flip(t.before, after, t.scale, intended, t.last_direction,
+            counts, t.last_direction = _flip_kernel(t.before, after, t.scale, intended, t.last_direction,
                                                    spec.format, spec.overflow)
             t.acc += torch.cat([counts, counts.new_ones(1)])
             t.osc_ema = ema_update(t.osc_ema, counts[2] / t.size, self.momentum)
