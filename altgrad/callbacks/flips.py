@@ -4,8 +4,9 @@ Per step and tensor, vectorised and without host syncs: the weight before the st
 FakeQuantCallback has applied the storage policy; it runs first) are both quantized on the grid the step's forward
 used (the scale the weight quantizer recorded; computed afresh for channel/block scaling) and compared; the intended
 update is the optimizer's own change of the stored weight, read by an optimizer step post-hook before any snapping.
-Each side is quantized by the quantizers' own fused kernel and the counting is one fused kernel per tensor
-(under ALTGRAD_COMPILE, like the quantizers).
+Tensors that share a format are handled together: their tracked weights are concatenated, each side is quantized
+by the quantizers' own fused kernel with a per-element scale, and the per-tensor counting is one fused kernel
+(under ALTGRAD_COMPILE, like the quantizers): a handful of kernels per step for the whole model.
 ``max_weights_per_tensor`` tracks a fixed random sample of each tensor instead of all of it (an unbiased estimate
 of the same rates at a fraction of the cost; None = every weight). Counts accumulate on the device and are logged
 as means over each interval:
@@ -19,55 +20,71 @@ Cross-step state is one int8 per tracked weight (the direction of its last flip)
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import lightning as L
 import torch
 
 from altgrad.callbacks.base import Instrument, backbone, mean, metric_name, quantized_weights
-from altgrad.diagnostics import ema_debiased, ema_update, flip_counts, stall_ratio
+from altgrad.diagnostics import ema_debiased, ema_update, segment_flip_counts, stall_ratio
 from altgrad.quant import STAT_NAMES, quantize_scaled
 from altgrad.quant.fused import fused
 from altgrad.quant.layers import QuantLinear
 
 _SCALE = STAT_NAMES.index("scale")
 _RECORDED_SCALE = ("tensor", "delayed")  # one scale per tensor, recorded in stats by this step's forward
-
-
-_fused_counts = fused(flip_counts)
-
-
-def _flip_kernel(before: torch.Tensor, after: torch.Tensor, scale: torch.Tensor, intended: torch.Tensor,
-                 last_direction: torch.Tensor, fmt: Any, overflow: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Both sides on the same grid (the quantizer's own fused kernel), then the counts in one fused kernel."""
-    q_before = quantize_scaled(before, fmt, scale, "nearest", overflow)
-    q_after = quantize_scaled(after, fmt, scale, "nearest", overflow)
-    return _fused_counts(q_before, q_after, intended, last_direction)
+_fused_counts = fused(segment_flip_counts)
 
 
 @dataclass
 class _Tracked:
-    """Per-tensor state: which weights, their last flip direction, this step's before-state, accumulators."""
+    """One weight tensor: which of its weights are tracked (None: all, flattened)."""
 
     name: str
     layer: QuantLinear
-    index: torch.Tensor | None    # flat indices of the tracked sample (None: every weight)
-    last_direction: torch.Tensor  # int8: −1/0/+1, direction of each tracked weight's last flip
-    acc: torch.Tensor             # [flips, updated, reversals, descent_cos sum, steps] over the interval
-    osc_ema: torch.Tensor
-    osc_steps: int = 0
-    scale: torch.Tensor | None = None
-    before: torch.Tensor | None = None
-    intended: torch.Tensor | None = None
+    index: torch.Tensor | None
 
     @property
     def size(self) -> int:
-        return self.last_direction.numel()
+        return self.layer.weight.numel() if self.index is None else self.index.numel()
 
-    def select(self, t: torch.Tensor) -> torch.Tensor:
-        """The tracked weights of a weight-shaped tensor (flat when sampled)."""
-        return t if self.index is None else t.reshape(-1)[self.index]
+    def select(self, w: torch.Tensor) -> torch.Tensor:
+        """The tracked weights of a weight-shaped tensor, flat."""
+        return w.reshape(-1) if self.index is None else w.reshape(-1)[self.index]
+
+    def scale(self, w: torch.Tensor) -> torch.Tensor:
+        """The scale of this step's forward for each tracked weight (recorded in stats for one-scale kinds)."""
+        q = self.layer.weight_q
+        kind = q.spec.scaling.kind
+        if kind == "none":
+            s = torch.ones((), dtype=torch.float32, device=w.device)
+        elif kind in _RECORDED_SCALE and q.track_stats:
+            s = q.stats[_SCALE].detach()
+        else:
+            s = q.scale_for(w).detach().float()
+        if s.numel() == 1:
+            return s.reshape(1).expand(self.size)
+        return self.select(torch.broadcast_to(s, w.shape))
+
+
+@dataclass
+class _Group:
+    """Tracked tensors of one format: concatenated state, per-tensor accumulators."""
+
+    members: list[_Tracked]
+    segments: torch.Tensor        # tensor number of each tracked weight
+    sizes: torch.Tensor           # tracked weights per tensor (float32)
+    last_direction: torch.Tensor  # int8: −1/0/+1, direction of each tracked weight's last flip
+    acc: torch.Tensor             # (tensors, 5): flips, updated, reversals, descent_cos sum, steps
+    osc_ema: torch.Tensor         # (tensors,)
+    before: torch.Tensor | None = None
+    scale: torch.Tensor | None = None
+    intended: torch.Tensor | None = None
+    spec_key: Any = field(default=None)
+
+    def gather(self) -> torch.Tensor:
+        return torch.cat([m.select(m.layer.weight.detach()) for m in self.members])
 
 
 class FlipCallback(Instrument):
@@ -86,7 +103,8 @@ class FlipCallback(Instrument):
         self.momentum = float(oscillation_momentum)
         self.max_weights = None if max_weights_per_tensor is None else int(max_weights_per_tensor)
         self.seed = int(seed)
-        self.tracked: list[_Tracked] = []
+        self.groups: list[_Group] = []
+        self.osc_steps = 0
         self._hooks: list[Any] = []
         self._pending = False
         self.latest: dict[str, dict[str, float]] = {}  # layer → last logged metrics (read by FallbackCallback)
@@ -94,6 +112,10 @@ class FlipCallback(Instrument):
         self._all_flip: list[float] = []
         self._all_osc: list[float] = []
         self._all_cos: list[float] = []
+
+    @property
+    def tracked(self) -> list[_Tracked]:
+        return [m for g in self.groups for m in g.members]
 
     # -- set-up --------------------------------------------------------------------------------------------------
     def _sample(self, name: str, w: torch.Tensor) -> torch.Tensor | None:
@@ -103,17 +125,27 @@ class FlipCallback(Instrument):
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + sum(map(ord, name)))
         return torch.randperm(w.numel(), generator=g)[: self.max_weights].sort().values.to(w.device)
 
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.tracked = []
+    def _build_groups(self, pl_module: L.LightningModule) -> None:
+        by_key: dict[Any, list[_Tracked]] = {}
         for name, ql in quantized_weights(backbone(pl_module)):
-            w = ql.weight
-            index = self._sample(name, w)
-            shape = w.shape if index is None else index.shape
-            self.tracked.append(_Tracked(
-                name=name, layer=ql, index=index,
-                last_direction=torch.zeros(shape, dtype=torch.int8, device=w.device),
-                acc=torch.zeros(5, dtype=torch.float32, device=w.device),
-                osc_ema=torch.zeros((), dtype=torch.float32, device=w.device)))
+            spec = ql.weight_q.spec
+            key = (spec.format, spec.overflow, ql.weight.device)
+            by_key.setdefault(key, []).append(_Tracked(name, ql, self._sample(name, ql.weight)))
+        self.groups = []
+        for key, members in by_key.items():
+            device = key[2]
+            sizes = torch.tensor([m.size for m in members], device=device)
+            n = len(members)
+            self.groups.append(_Group(
+                members=members, spec_key=key,
+                segments=torch.repeat_interleave(torch.arange(n, device=device), sizes),
+                sizes=sizes.float(),
+                last_direction=torch.zeros(int(sizes.sum()), dtype=torch.int8, device=device),
+                acc=torch.zeros(n, 5, dtype=torch.float32, device=device),
+                osc_ema=torch.zeros(n, dtype=torch.float32, device=device)))
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._build_groups(pl_module)
         for opt in trainer.optimizers:
             self._hooks.append(opt.register_step_post_hook(self._after_optimizer_step))
 
@@ -122,38 +154,48 @@ class FlipCallback(Instrument):
             h.remove()
         self._hooks = []
 
-    # -- per step ------------------------------------------------------------------------------------------------
-    @staticmethod
-    def _forward_scale(t: _Tracked, w: torch.Tensor) -> torch.Tensor:
-        """The scale of this step's forward: recorded in stats for one-scale kinds, recomputed otherwise."""
-        q = t.layer.weight_q
-        if q.spec.scaling.kind == "none":
-            return torch.ones((), dtype=torch.float32, device=w.device)
-        if q.spec.scaling.kind in _RECORDED_SCALE and q.track_stats:
-            return q.stats[_SCALE].detach()
-        s = q.scale_for(w).detach().float()
-        if s.numel() == 1 or t.index is None:
-            return s
-        return torch.broadcast_to(s, w.shape).reshape(-1)[t.index]
+    def _stale(self) -> bool:
+        """True when a layer's weight format changed (e.g. a format fallback) since the groups were built."""
+        return any(g.spec_key[:2] != (m.layer.weight_q.spec.format, m.layer.weight_q.spec.overflow)
+                   for g in self.groups for m in g.members)
 
+    # -- per step ------------------------------------------------------------------------------------------------
     @torch.no_grad()
     def on_before_optimizer_step(self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: Any) -> None:
         if trainer.sanity_checking:
             return
-        for t in self.tracked:
-            w = t.layer.weight.detach()
-            t.scale = self._forward_scale(t, w)
-            t.before = w.clone() if t.index is None else t.select(w)
-            t.intended = None
+        if self._stale():
+            self._regroup(pl_module)
+        for g in self.groups:
+            g.before = g.gather()
+            g.scale = torch.cat([m.scale(m.layer.weight.detach()) for m in g.members])
+            g.intended = None
         self._pending = True
+
+    def _regroup(self, pl_module: L.LightningModule) -> None:
+        """Rebuild the groups after a format change, keeping each layer's flip history and accumulators."""
+        old = {m.name: (g, i) for g in self.groups for i, m in enumerate(g.members)}
+        history = {}
+        for name, (g, i) in old.items():
+            start = int(g.sizes[:i].sum())
+            history[name] = (g.last_direction[start:start + int(g.sizes[i])], g.acc[i], g.osc_ema[i])
+        self._build_groups(pl_module)
+        for g in self.groups:
+            offset = 0
+            for i, m in enumerate(g.members):
+                if m.name in history and history[m.name][0].numel() == m.size:
+                    direction, acc, osc = history[m.name]
+                    g.last_direction[offset:offset + m.size] = direction
+                    g.acc[i], g.osc_ema[i] = acc, osc
+                offset += m.size
 
     @torch.no_grad()
     def _after_optimizer_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if not self._pending:
             return
-        for t in self.tracked:
-            if t.before is not None and t.intended is None:
-                t.intended = t.select(t.layer.weight.detach()) - t.before
+        for g in self.groups:
+            if g.before is not None and g.intended is None:
+                g.intended = g.gather() - g.before
 
     @torch.no_grad()
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
@@ -161,45 +203,48 @@ class FlipCallback(Instrument):
         if not self._pending:
             return
         self._pending = False
-        for t in self.tracked:
-            if t.before is None:
+        for g in self.groups:
+            if g.before is None:
                 continue
-            after = t.select(t.layer.weight.detach())
-            intended = t.intended if t.intended is not None else after - t.before  # no post-hook ran
-            spec = t.layer.weight_q.spec
-            counts, t.last_direction = _flip_kernel(t.before, after, t.scale, intended, t.last_direction,
-                                                   spec.format, spec.overflow)
-            t.acc += torch.cat([counts, counts.new_ones(1)])
-            t.osc_ema = ema_update(t.osc_ema, counts[2] / t.size, self.momentum)
-            t.osc_steps += 1
-            t.before = t.intended = t.scale = None
+            after = g.gather()
+            intended = g.intended if g.intended is not None else after - g.before  # no post-hook ran
+            fmt, overflow, _ = g.spec_key
+            q_before = quantize_scaled(g.before, fmt, g.scale, "nearest", overflow)
+            q_after = quantize_scaled(after, fmt, g.scale, "nearest", overflow)
+            counts, g.last_direction = _fused_counts(q_before, q_after, intended, g.last_direction, g.segments,
+                                                     len(g.members))
+            g.acc += torch.cat([counts, counts.new_ones(counts.shape[0], 1)], dim=1)
+            g.osc_ema = ema_update(g.osc_ema, counts[:, 2] / g.sizes, self.momentum)
+            g.before = g.intended = g.scale = None
+        self.osc_steps += 1
         if self._due:
             self._log(trainer, pl_module)
 
     def _log(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if not self.tracked:
+        if not self.groups:
             return
         # one host transfer: [flips, updated, reversals, descent_cos sum, steps, oscillation EMA] per tensor
-        host = torch.stack([torch.cat([t.acc, t.osc_ema.reshape(1)]) for t in self.tracked]).cpu().tolist()
+        host = torch.cat([torch.cat([g.acc, g.osc_ema.unsqueeze(1)], dim=1) for g in self.groups]).cpu().tolist()
+        for g in self.groups:
+            g.acc.zero_()
         metrics: dict[str, float] = {}
         flip_rates: list[float] = []
-        for t, (flips, updated, _, cos_sum, steps, osc) in zip(self.tracked, host):
-            t.acc.zero_()
+        for m, (flips, updated, _, cos_sum, steps, osc) in zip(self.tracked, host):
             if steps == 0:
                 continue
-            m = {
-                "flip_rate": flips / (t.size * steps),
+            values = {
+                "flip_rate": flips / (m.size * steps),
                 "stall_ratio": stall_ratio(flips, updated),
-                "oscillation_rate": ema_debiased(osc, self.momentum, t.osc_steps),
+                "oscillation_rate": ema_debiased(osc, self.momentum, self.osc_steps),
                 "descent_cos": cos_sum / steps,
             }
-            metrics.update({metric_name(self.group, t.name, "weight", k): v for k, v in m.items()})
-            self.latest[t.name] = m
-            flip_rates.append(m["flip_rate"])
-            self._all_stall.append(m["stall_ratio"])
-            self._all_flip.append(m["flip_rate"])
-            self._all_osc.append(m["oscillation_rate"])
-            self._all_cos.append(m["descent_cos"])
+            metrics.update({metric_name(self.group, m.name, "weight", k): v for k, v in values.items()})
+            self.latest[m.name] = values
+            flip_rates.append(values["flip_rate"])
+            self._all_stall.append(values["stall_ratio"])
+            self._all_flip.append(values["flip_rate"])
+            self._all_osc.append(values["oscillation_rate"])
+            self._all_cos.append(values["descent_cos"])
         self.log_scalars(trainer, metrics)
         self.summarize(pl_module,
                        mean_stall_ratio=mean(self._all_stall),

@@ -14,6 +14,7 @@ from altgrad.diagnostics.flips import (
     grid_index,
     grid_midpoints,
     index_dtype,
+    segment_flip_counts,
     stall_ratio,
 )
 from altgrad.diagnostics.moments import KURTOSIS_WARNING, kurtosis
@@ -26,5 +27,6 @@ __all__ = [
     "DivergenceDetector", "FlipStep", "KURTOSIS_WARNING", "attention_entropy", "attention_probs",
     "clip_to_range_", "code_histogram", "code_index", "cosine", "effective_rank", "ema_debiased", "ema_update",
     "entropy_bits", "flip_counts", "flip_step", "format_octaves", "grid_index", "grid_midpoints", "index_dtype",
-    "kurtosis", "log2_stiffness", "pearson", "range_limit", "range_use", "snr_db", "stable_rank", "stall_ratio",
+    "kurtosis", "log2_stiffness", "pearson", "range_limit", "range_use", "segment_flip_counts", "snr_db",
+    "stable_rank", "stall_ratio",
 ]

@@ -98,6 +98,36 @@ def flip_counts(
     return counts, new_last
 
 
+def segment_flip_counts(
+    q_before: torch.Tensor,
+    q_after: torch.Tensor,
+    intended: torch.Tensor,
+    last_direction: torch.Tensor,
+    segments: torch.Tensor,
+    n_segments: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`flip_counts` for several tensors at once: flat inputs, ``segments[i]`` = the tensor of element i.
+
+    Returns (n_segments, 4) [flips, updated, reversals, descent_cos] and the new last-flip direction (int8).
+    One pass over all tracked weights (a few kernels in all instead of a few per tensor); dot products are
+    accumulated in float32.
+    """
+    applied = q_after - q_before
+    direction = torch.sign(applied).to(torch.int8)
+    flipped = direction != 0
+    reversed_ = flipped & (direction * last_direction < 0)
+    new_last = torch.where(flipped, direction, last_direction)
+    a = intended.float()
+    b = applied.float()
+    columns = torch.stack([flipped.float(), (a != 0).float(), reversed_.float(), a * b, a * a, b * b], dim=1)
+    sums = torch.zeros(n_segments, 6, dtype=torch.float32, device=columns.device).index_add_(0, segments, columns)
+    dot, na, nb = sums[:, 3], sums[:, 4], sums[:, 5]
+    denom = torch.sqrt(na * nb)
+    cos = torch.where(denom > 0, dot / torch.where(denom > 0, denom, torch.ones_like(denom)), torch.zeros_like(dot))
+    cos = torch.where((na == 0) & (nb == 0), torch.ones_like(cos), cos.clamp(-1.0, 1.0))
+    return torch.cat([sums[:, :3], cos.unsqueeze(1)], dim=1), new_last
+
+
 def flip_step(
     q_before: torch.Tensor,
     q_after: torch.Tensor,

@@ -192,6 +192,53 @@ def test_flips_use_the_grid_of_the_steps_forward():
     cb.on_train_end(trainer, module)
 
 
+def test_flips_of_layers_in_different_formats():
+    root = nn.Module()
+    root.a = QuantLinear(nn.Linear(4, 2, bias=False), "a", weight=unscaled("e0m7"))
+    root.b = QuantLinear(nn.Linear(4, 2, bias=False), "b", weight=unscaled("e1m6"))
+    module = Holder(root)
+    torch.manual_seed(1)
+    for layer in (root.a, root.b):
+        with torch.no_grad():
+            layer.weight.copy_(torch.randn(2, 4) * 0.3)
+        layer.weight.grad = torch.randn(2, 4) * 0.02
+    before = {n: getattr(root, n).weight.detach().clone() for n in "ab"}
+    opt = torch.optim.SGD(root.parameters(), lr=1.0)
+    logger = RecordingLogger()
+    trainer = fake_trainer(logger, optimizers=[opt])
+    cb = FlipCallback(every_n_steps=1)
+    cb.on_train_start(trainer, module)
+    assert len(cb.groups) == 2
+    run_step([cb], trainer, module, opt)
+    for n, fmt in (("a", "e0m7"), ("b", "e1m6")):
+        f = get_format(fmt)
+        flips = (quantize(before[n], f) != quantize(getattr(root, n).weight.detach(), f)).float().mean().item()
+        assert logger.last()[f"flips/{n}/weight/flip_rate"] == pytest.approx(flips)
+    cb.on_train_end(trainer, module)
+
+
+def test_flips_follow_a_format_switch_and_keep_their_history():
+    from altgrad.callbacks.fallback import switch_format
+
+    module, fc = one_layer(weight=unscaled("e0m7"), shape=(2, 4))
+    opt = torch.optim.SGD([fc.weight], lr=1.0)
+    logger = RecordingLogger()
+    trainer = fake_trainer(logger, optimizers=[opt])
+    cb = FlipCallback(every_n_steps=1)
+    cb.on_train_start(trainer, module)
+    fc.weight.grad = torch.full((2, 4), -0.02)
+    run_step([cb], trainer, module, opt)
+    history = cb.groups[0].last_direction.clone()
+    assert history.abs().sum() > 0
+    switch_format(fc.weight_q, get_format("e3m4"))
+    fc.weight.grad = torch.zeros(2, 4)
+    run_step([cb], trainer, module, opt)
+    assert cb.groups[0].spec_key[0].name == "e3m4"
+    assert torch.equal(cb.groups[0].last_direction, history)  # no flips this step: history carried over
+    assert logger.last()["flips/fc/weight/flip_rate"] == 0.0
+    cb.on_train_end(trainer, module)
+
+
 # -- bits ----------------------------------------------------------------------------------------------------------
 def test_effective_bits_of_a_tensor_using_four_codes_equally_is_two():
     module, fc = one_layer(weight=unscaled("e4m3"), shape=(4, 8))

@@ -19,6 +19,7 @@ from altgrad.diagnostics import (
     ema_debiased,
     ema_update,
     entropy_bits,
+    flip_counts,
     flip_step,
     grid_index,
     grid_midpoints,
@@ -30,6 +31,7 @@ from altgrad.diagnostics import (
     range_use,
     snr_db,
     stable_rank,
+    segment_flip_counts,
     stall_ratio,
 )
 from altgrad.quant import get_format
@@ -283,3 +285,23 @@ def test_code_index_is_the_position_in_the_sorted_values(name):
     x = torch.randn(4096, generator=torch.Generator().manual_seed(0)) * float(values.max()) / 4
     q = quantize(x, fmt)
     assert torch.equal(code_index(q, fmt).long(), torch.searchsorted(values, q))
+
+
+def test_segmented_counts_equal_per_tensor_counts():
+    torch.manual_seed(0)
+    grid = torch.arange(-8, 9, dtype=torch.float32)
+    mid = grid_midpoints(grid)
+    parts = []
+    for n in (5, 9, 3):
+        w = torch.randn(n) * 3
+        intended = torch.randn(n) * torch.tensor([0.0, 1.0]).repeat(n)[:n]
+        last = torch.randint(-1, 2, (n,), dtype=torch.int8)
+        q_b = grid[grid_index(w, mid).long()]
+        q_a = grid[grid_index(w + intended, mid).long()]
+        parts.append((q_b, q_a, intended, last))
+    segments = torch.cat([torch.full((p[0].numel(),), i) for i, p in enumerate(parts)])
+    counts, last = segment_flip_counts(*(torch.cat([p[k] for p in parts]) for k in range(4)), segments, len(parts))
+    for i, part in enumerate(parts):
+        expected, expected_last = flip_counts(*part)
+        assert counts[i].tolist() == pytest.approx(expected.tolist(), abs=1e-6)
+        assert torch.equal(last[segments == i], expected_last)
