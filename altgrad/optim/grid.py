@@ -15,9 +15,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from altgrad.optim.adam import adam_moments_, init_adam_state
+from altgrad.optim.adam import init_adam_state
 from altgrad.optim.base import PLAIN_BETAS, PLAIN_EPS, PLAIN_LR, QuantAwareOptimizer
-from altgrad.optim.grid_walk import check_walkable, grid_move
+from altgrad.optim.grid_walk import check_walkable, grid_adam_step_, grid_move_, hyper_tensor
 from altgrad.optim.stiffness import Grid
 from altgrad.quant.fused import fused
 from altgrad.quant.rounding import draw_seed
@@ -25,7 +25,8 @@ from altgrad.quant.rounding import draw_seed
 INNER_RULES = ("sgd", "adam")
 LR_UNITS = ("ulp", "real")
 
-_grid_move = fused(grid_move)  # scale + move in one compiled loop per tensor (eager with ALTGRAD_COMPILE=0)
+_grid_move = fused(grid_move_)  # scale + move in one compiled loop per tensor (eager with ALTGRAD_COMPILE=0)
+_grid_adam_step = fused(grid_adam_step_)  # + Adam's moments, in place
 
 
 class GridOptim(QuantAwareOptimizer):
@@ -111,11 +112,16 @@ class GridOptim(QuantAwareOptimizer):
             for p in params:
                 if not self.state[p]:
                     init_adam_state(self.state[p], p)
-            exp_avgs, exp_avg_sqs, steps = self._adam_lists(params)
             beta1, beta2 = group["betas"]
-            bc1, bc2_sqrt = adam_moments_([p.grad for p in params], exp_avgs, exp_avg_sqs, steps, beta1, beta2)
-            for p, m, v, c1, c2 in zip(params, exp_avgs, exp_avg_sqs, bc1, bc2_sqrt):
-                self._move(p, m, group, second_moment=v, bc1=c1, bc2_sqrt=c2)
+            for p in params:  # moments, ULP conversion and walk: one fused in-place call per tensor
+                state = self.state[p]
+                state["step"] += 1
+                t = state["step"].item()
+                hyper = hyper_tensor(group["lr"], group["weight_decay"], 1 - beta1 ** t, (1 - beta2 ** t) ** 0.5,
+                                     group["eps"], p.device)
+                _grid_adam_step(p.detach(), p.grad, state["exp_avg"], state["exp_avg_sq"], self.grid_of(p),
+                                draw_seed(p.device, self._generator(p.device)), hyper,
+                                group["lr_unit"] == "real", beta1, beta2)
         else:
             for p, d in zip(params, self._sgd_directions(params, group)):
                 self._move(p, d, group)
@@ -139,11 +145,10 @@ class GridOptim(QuantAwareOptimizer):
             return torch._foreach_add(grads, bufs, alpha=momentum)
         return bufs
 
-    def _move(self, p: Tensor, direction: Tensor, group: dict[str, Any], second_moment: Tensor | None = None,
-              bc1: float = 1.0, bc2_sqrt: float = 1.0) -> None:
+    def _move(self, p: Tensor, direction: Tensor, group: dict[str, Any]) -> None:
         """p ← grid_move(p, …): direction, decay, ULP conversion and the walk in one loop per tensor (compiled
         unless ALTGRAD_COMPILE=0)."""
         seed = draw_seed(p.device, self._generator(p.device))  # one draw per tensor and step
-        w = p.detach()  # not the Parameter: dynamo keeps Parameters static-shaped (a recompile per shape)
-        p.copy_(_grid_move(w, direction, self.grid_of(p), seed, group["lr"], group["weight_decay"],
-                           group["lr_unit"] == "real", second_moment, bc1, bc2_sqrt, group["eps"]))
+        hyper = hyper_tensor(group["lr"], group["weight_decay"], 1.0, 1.0, group["eps"], p.device)
+        # p.detach(), not the Parameter: dynamo keeps Parameters static-shaped (a recompile per shape)
+        _grid_move(p.detach(), direction, self.grid_of(p), seed, hyper, group["lr_unit"] == "real")

@@ -93,3 +93,32 @@ def grid_move(
     steps = torch.floor(k + uniform_from_bits(random_bits(w.shape, seed)))
     new = walk(x, steps, fmt, ulp) / scale
     return torch.where(torch.isfinite(x) & torch.isfinite(k), new, torch.nan).to(w.dtype)
+
+
+
+HYPER = ("lr", "weight_decay", "bc1", "bc2_sqrt", "eps")
+"""Slots of the float32 hyper-parameter tensor the fused steps take: tensors, not Python floats, so a learning-rate
+schedule or Adam's bias corrections never make torch.compile specialise (and recompile) on their values."""
+
+
+def hyper_tensor(lr: float, weight_decay: float, bc1: float, bc2_sqrt: float, eps: float,
+                 device: torch.device) -> Tensor:
+    """float32 [lr, weight_decay, bc1, bc2_sqrt, eps] on ``device`` (the order of HYPER)."""
+    return torch.tensor([lr, weight_decay, bc1, bc2_sqrt, eps], dtype=torch.float32, device=device)
+
+
+def grid_move_(w: Tensor, direction: Tensor, grid: Any, seed: Tensor, hyper: Tensor, real_units: bool,
+               second_moment: Tensor | None = None) -> None:
+    """``grid_move`` with its scalars from ``hyper`` (see HYPER), written back into ``w``."""
+    lr, wd, bc1, bc2_sqrt, eps = hyper.unbind(0)
+    w.copy_(grid_move(w, direction, grid, seed, lr, wd, real_units, second_moment, bc1, bc2_sqrt, eps))
+
+
+def grid_adam_step_(w: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, grid: Any, seed: Tensor,
+                    hyper: Tensor, real_units: bool, beta1: float, beta2: float) -> None:
+    """GridOptim[adam]'s whole per-tensor step in place: Adam's moments (torch AdamW's lerp / mul / addcmul), then
+    ``grid_move`` with them, written back into ``w``. One in-place function, so ``fused`` compiles moments, scale,
+    ULP conversion and walk into one pass over the tensor instead of four (betas are per-run constants)."""
+    exp_avg.lerp_(grad, 1 - beta1)
+    exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+    grid_move_(w, exp_avg, grid, seed, hyper, real_units, exp_avg_sq)
