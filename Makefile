@@ -2,6 +2,8 @@
 # Variables: PYTHON (interpreter that creates .venv), ARGS (extra overrides), EXP (experiment for `sweep`),
 # RUN (sweep dir for `report`), NAME (benchmark for `bench`), TORCH_INDEX (extra index for the CPU torch wheel).
 PYTHON ?= python3
+EVIDENCE ?= multirun/evidence-cpu
+JOBLIB ?= hydra/launcher=joblib hydra.launcher.n_jobs=2
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
@@ -13,7 +15,7 @@ NAME ?= all
 RUN ?= $(lastword $(sort $(wildcard multirun/*/*)))
 
 .DEFAULT_GOAL := help
-.PHONY: install train test test-slow sweep report bench lint clean help
+.PHONY: install train test test-slow sweep report bench evidence-cpu lint clean help
 
 # torch goes in first, pinned to the CPU build: a looser spec would pull the multi-GB CUDA wheels.
 $(STAMP): pyproject.toml
@@ -42,6 +44,14 @@ report: $(STAMP) ## report on a sweep (default: the latest multirun/DATE/TIME): 
 
 bench: $(STAMP) ## micro-benchmarks: make bench NAME=quantize (default: all)
 	$(BIN)/python -m altgrad.bench $(NAME) $(ARGS)
+
+evidence-cpu: $(STAMP) ## the committed CPU evidence: lr scans → lr pick → manifold_ab_cpu + failure_stage_cpu → report (≈1.5 h, 2 cores)
+	OMP_NUM_THREADS=1 $(BIN)/python -m altgrad.train experiment=lr_scan_cpu $(JOBLIB) hydra.sweep.dir=$(EVIDENCE)/lr_scan_cpu || true
+	OMP_NUM_THREADS=1 $(BIN)/python -m altgrad.train experiment=lr_scan_cpu_ulp $(JOBLIB) hydra.sweep.dir=$(EVIDENCE)/lr_scan_cpu_ulp || true
+	$(BIN)/python -m altgrad.sweep.lr_pick $(EVIDENCE)/lr_scan_cpu $(EVIDENCE)/lr_scan_cpu_ulp --write
+	OMP_NUM_THREADS=1 $(BIN)/python -m altgrad.train experiment=manifold_ab_cpu $(JOBLIB) hydra.sweep.dir=$(EVIDENCE)/manifold_ab_cpu || true
+	OMP_NUM_THREADS=1 $(BIN)/python -m altgrad.train experiment=failure_stage_cpu $(JOBLIB) hydra.sweep.dir=$(EVIDENCE)/failure_stage_cpu || true
+	$(BIN)/python -m altgrad.report $(EVIDENCE)/manifold_ab_cpu $(EVIDENCE)/failure_stage_cpu $(EVIDENCE)/lr_scan_cpu $(EVIDENCE)/lr_scan_cpu_ulp --out $(EVIDENCE)/report
 
 lint: $(STAMP) ## ruff over the package and the tests
 	$(BIN)/ruff check altgrad tests
