@@ -86,7 +86,9 @@ class FakeQuantCallback(L.Callback):
         if trainer.is_global_zero:
             log.info("resolved layer precision (master=%s, storage_rounding=%s):\n%s",
                      self.master, self.storage_rounding, table)
-            print(f"Layer precision (master={self.master}, storage={self.storage_rounding}):\n{table}", flush=True)
+            if not (log.isEnabledFor(logging.INFO) and logging.getLogger().handlers):
+                # no logging set up (a Trainer outside Hydra's entry point): the table must still be seen once
+                print(f"Layer precision (master={self.master}, storage={self.storage_rounding}):\n{table}", flush=True)
             self._save_json(trainer, resolved)
 
     def _save_json(self, trainer: L.Trainer, resolved: Mapping[str, ResolvedLayer]) -> None:
