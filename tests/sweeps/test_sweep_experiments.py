@@ -158,3 +158,21 @@ def test_command_line_sweeps_need_no_dash_m_under_an_experiment() -> None:
 
     assert check_overrides(["experiment=format_ablation_debug", "seed=1,2"], CONF_DIR) is None
     assert "add -m" in check_overrides(["seed=1,2"], CONF_DIR)  # a plain run still asks for -m
+
+
+# The `_cpu` variants behind the committed evidence (docs/results/cpu-nano): narrowed grids, same job-dir scheme.
+CPU_JOBS = {"lr_scan_cpu": 3 * 2 * 4, "lr_scan_cpu_ulp": 2 * 2 * 4, "manifold_ab_cpu": 7 * 4 * 3,
+            "failure_stage_cpu": 3 * 5 * 2}
+
+
+@pytest.mark.parametrize("name", sorted(CPU_JOBS))
+def test_cpu_evidence_variant_composes_with_its_grid_and_budget(hydra_conf: None, name: str) -> None:
+    cfg = compose_with_hydra(f"experiment={name}")
+    validate(cfg, paths=False)
+    assert cfg.experiment_name == name
+    assert (cfg.model.n_layer, cfg.model.n_embd, cfg.trainer.max_steps) == (4, 128, 120)  # the nano model, 120 steps
+    assert cfg.callbacks.grads.fidelity_every_n_steps == 30  # gradient cosine in the report
+    jobs = plan_config(cfg, [f"experiment={name}"])
+    assert len(jobs) == CPU_JOBS[name]
+    dirs = [j.subdir for j in jobs]
+    assert len(set(dirs)) == len(dirs) and all("seed=" in d for d in dirs)
