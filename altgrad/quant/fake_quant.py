@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from altgrad.quant.format import get_format
-from altgrad.quant.quant_call import quant_call
+from altgrad.quant.quant_call import quant_call, quant_call_body
 from altgrad.quant.rounding import draw_seed, kernel_params, quantize_scaled
 from altgrad.quant.scaling import Scaler, compute_scale, make_scaler, scale_consts
 from altgrad.quant.spec import QuantSpec
@@ -58,9 +58,12 @@ def _fused_quantize(x: torch.Tensor, spec: QuantSpec, scaler: Scaler, seed: torc
                     with_stats: bool) -> tuple[torch.Tensor, torch.Tensor | None, tuple[torch.Tensor, ...]]:
     """(quantize(x·s)/s, stats or None, the scaler's new state) from one fused call; nothing is written."""
     sc = spec.scaling
-    call = quant_call(type(scaler).scale_fn, sc.pow2, sc.reduce, sc.block, spec.rounding, with_stats)
     p = kernel_params(spec.format, spec.rounding, spec.overflow, x.device)
     consts = scale_consts(spec.format, sc.margin, x.device)
+    if torch.compiler.is_compiling():  # traced into the caller's graph: no per-configuration function to build
+        return quant_call_body(x.detach(), p, consts, seed, scaler.state(), type(scaler).scale_fn, sc.pow2,
+                               sc.reduce, sc.block, spec.rounding, with_stats)
+    call = quant_call(type(scaler).scale_fn, sc.pow2, sc.reduce, sc.block, spec.rounding, with_stats)
     with torch.no_grad():
         return call(x.detach(), p, consts, seed, *scaler.state())
 

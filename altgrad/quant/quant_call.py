@@ -21,16 +21,23 @@ from altgrad.quant.stats import stats_of
 _CALLS: dict[tuple, fused] = {}
 
 
+def quant_call_body(x: torch.Tensor, p: torch.Tensor, consts: torch.Tensor, seed: torch.Tensor | None,
+                    state: State, scale_fn: Callable, pow2: bool, reduce: str, block: int, rounding: str,
+                    with_stats: bool) -> tuple[torch.Tensor, torch.Tensor | None, State]:
+    """The maths of one quantizer call (what every ``quant_call`` function runs); traceable as it is."""
+    s, new = scale_fn(x, consts, state, pow2, reduce, block)
+    y = _kernel(x, p, rounding, s, seed)
+    stats = None
+    if with_stats:
+        s_used = torch.ones((), dtype=torch.float32, device=x.device) if s is None else s
+        stats = stats_of(x, y, s_used, consts[C_MAX], consts[C_MIN_NORMAL])
+    return y, stats, new
+
+
 def _build(scale_fn: Callable, pow2: bool, reduce: str, block: int, rounding: str, with_stats: bool) -> fused:
     def call(x: torch.Tensor, p: torch.Tensor, consts: torch.Tensor, seed: torch.Tensor | None,
              *state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, State]:
-        s, new = scale_fn(x, consts, state, pow2, reduce, block)
-        y = _kernel(x, p, rounding, s, seed)
-        stats = None
-        if with_stats:
-            s_used = torch.ones((), dtype=torch.float32, device=x.device) if s is None else s
-            stats = stats_of(x, y, s_used, consts[C_MAX], consts[C_MIN_NORMAL])
-        return y, stats, new
+        return quant_call_body(x, p, consts, seed, state, scale_fn, pow2, reduce, block, rounding, with_stats)
 
     # A distinct code object per configuration: dynamo caches compiled graphs per code object, so each
     # configuration gets its own cache instead of competing for one function's recompile limit.

@@ -7,6 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import altgrad.quant.quant_call as quant_call_module
+
 from altgrad.callbacks.fake_quant import FakeQuantCallback
 from altgrad.model import GPT, GPTConfig
 from altgrad.quant import QuantSpec, ScalingSpec, get_format, quantize
@@ -109,6 +111,9 @@ def test_quantized_block_compiles_without_graph_breaks():
     FakeQuantCallback(FORMAT, {"base_rules": []}).apply(model)
     block = model.transformer.h[0]
     x = torch.randn(2, 16, 16)
+    quant_call_module._CALLS.clear()  # cold caches: the first traced call must not build functions (a break)
+    explanation = torch._dynamo.explain(model)(torch.randint(0, 64, (2, 16)))
+    assert (explanation.graph_count, explanation.graph_break_count) == (1, 0), explanation.break_reasons
     explanation = torch._dynamo.explain(block)(x)
     assert explanation.graph_break_count == 0, explanation.break_reasons
     compiled = torch.compile(block, fullgraph=True, backend="aot_eager")
