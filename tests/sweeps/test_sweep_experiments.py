@@ -166,8 +166,11 @@ CPU_JOBS = {"lr_scan_cpu": 3 * 2 * 4, "lr_scan_cpu_ulp": 2 * 2 * 4, "manifold_ab
 
 
 @pytest.mark.parametrize("name", sorted(CPU_JOBS))
-def test_cpu_evidence_variant_composes_with_its_grid_and_budget(hydra_conf: None, name: str) -> None:
-    cfg = compose_with_hydra(f"experiment={name}")
+def test_cpu_evidence_variant_composes_with_its_grid_and_budget(name: str) -> None:
+    GlobalHydra.instance().clear()  # its own Hydra context: other tests of this module clear the shared one
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=[f"experiment={name}"], return_hydra_config=True)
+    GlobalHydra.instance().clear()
     validate(cfg, paths=False)
     assert cfg.experiment_name == name
     assert (cfg.model.n_layer, cfg.model.n_embd, cfg.trainer.max_steps) == (4, 128, 120)  # the nano model, 120 steps
