@@ -18,7 +18,7 @@ from torch import Tensor
 from altgrad.optim.adam import adamw_step_, init_adam_state
 from altgrad.optim.base import PLAIN_BETAS, PLAIN_EPS, PLAIN_LR, QuantAwareOptimizer
 from altgrad.optim.stiffness import STIFFNESS_KINDS, Grid, grid_stiffness
-from altgrad.quant.fused import fused
+from altgrad.quant.fused import compile_enabled, fused
 
 STIFFNESS_PLACEMENTS = ("update", "grad")
 
@@ -75,6 +75,9 @@ class ManifoldAdamW(QuantAwareOptimizer):
         for p in params:
             if not self.state[p]:
                 init_adam_state(self.state[p], p)
+        if compile_enabled() and not torch.compiler.is_compiling():
+            self._fused_rule_step(group, params)
+            return
         stiff = [self.stiffness_of(p, group["stiffness_kind"]) for p in params]
         grads = [p.grad for p in params]
         beta1, beta2 = group["betas"]
@@ -84,3 +87,44 @@ class ManifoldAdamW(QuantAwareOptimizer):
             adamw_step_(params, grads, *self._adam_lists(params), stiffness=stiff, **kw)
         else:
             adamw_step_(params, torch._foreach_mul(grads, stiff), *self._adam_lists(params), **kw)
+
+    def _fused_rule_step(self, group: dict[str, Any], params: list[Tensor]) -> None:
+        """The compiled path: stiffness, decay, moments and update in one fused in-place call per tensor."""
+        beta1, beta2 = group["betas"]
+        on_update = group["stiffness_on"] == "update"
+        for p in params:
+            state = self.state[p]
+            state["step"] += 1
+            t = state["step"].item()
+            hyper = torch.tensor([group["lr"], group["weight_decay"], 1 - beta1 ** t, (1 - beta2 ** t) ** 0.5,
+                                  group["eps"]], dtype=torch.float32, device=p.device)
+            _manifold_step(p.detach(), p.grad, state["exp_avg"], state["exp_avg_sq"], self.grid_of(p),
+                           group["stiffness_kind"], on_update, hyper, beta1, beta2)
+
+
+def manifold_step_(w: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, grid: Grid, kind: str,
+                   on_update: bool, hyper: Tensor, beta1: float, beta2: float) -> None:
+    """One tensor's ManifoldAdamW step in place: the arithmetic of ``adamw_step_`` with per-step scalars read from
+    ``hyper`` = float32 [lr, weight_decay, 1 − β1^t, √(1 − β2^t), ε] (tensors, so a learning-rate schedule never
+    makes torch.compile specialise and recompile on them; betas are per-run constants).
+
+    The optimizer runs it compiled (one pass over the tensor instead of ~8 multi-tensor kernels); with
+    ALTGRAD_COMPILE=0 it steps through ``adamw_step_`` instead, which is bitwise torch's AdamW arithmetic. The two
+    agree up to float32 rounding (eager kernels fuse multiply-adds; ~1e-6 relative after 10 steps on the nano model).
+    """
+    lr, wd, bc1, bc2_sqrt, eps = hyper.unbind(0)
+    stiff = grid_stiffness(w, grid, kind).to(w.dtype)
+    if on_update:
+        w.sub_(lr * wd * stiff * w)  # decoupled decay at the per-coordinate rate lr·S
+    else:
+        grad = grad * stiff
+        w.mul_(1 - lr * wd)
+    exp_avg.lerp_(grad, 1 - beta1)
+    exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+    denom = exp_avg_sq.sqrt() / bc2_sqrt + eps
+    if on_update:
+        denom = denom / stiff  # m̂/((√v̂+ε)/S) = S·m̂/(√v̂+ε)
+    w.sub_(lr / bc1 * exp_avg / denom)
+
+
+_manifold_step = fused(manifold_step_)

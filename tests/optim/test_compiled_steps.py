@@ -1,4 +1,4 @@
-"""The fused optimizer steps under torch.compile: bitwise the eager maths, and no recompiles as the lr schedule moves.
+"""The fused optimizer steps under torch.compile: the eager maths, and no recompiles as the lr schedule moves.
 
 Python floats that change every step (a scheduled lr, Adam's bias corrections) would make dynamo specialise and
 recompile per value until its limit, then fall back to eager for the rest of the run; GridOptim therefore passes
@@ -11,8 +11,9 @@ import pytest
 import torch
 from optim_helpers import TinyNet
 
-from altgrad.optim import GridOptim
+from altgrad.optim import GridOptim, ManifoldAdamW
 from altgrad.optim.grid import _grid_adam_step, _grid_move
+from altgrad.optim.manifold import _manifold_step
 from altgrad.quant.layers import weight_grids
 
 
@@ -49,3 +50,35 @@ def test_compiled_grid_step_equals_eager_and_never_recompiles(monkeypatch, inner
     assert "cpu" in fused_step._compiled and not fused_step._failed, "the step fell back to eager"
     for a, b in zip(eager, compiled):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("on", ["update", "grad"])
+def test_compiled_manifold_step_matches_eager_and_never_recompiles(monkeypatch, on):
+    def run(compiled: bool) -> list[torch.Tensor]:
+        monkeypatch.setenv("ALTGRAD_COMPILE", "1" if compiled else "0")
+        torch.manual_seed(0)
+        net = TinyNet("e4m3", scaling="tensor", dim=16)
+        opt = ManifoldAdamW(net.parameters(), lr=0.5 if on == "update" else 1e-3, stiffness_on=on,
+                            weight_decay=0.1, grids=weight_grids(net))
+        gen = torch.Generator().manual_seed(1)
+        for step in range(8):
+            for group in opt.param_groups:  # a schedule: a new lr at every step
+                group["lr"] = group["lr"] * 0.9
+            for p in net.parameters():
+                p.grad = torch.randn(p.shape, generator=gen)
+            if step == 1 and compiled:
+                torch._dynamo.config.error_on_recompile = True
+            opt.step()
+        return [p.detach().clone() for p in net.parameters()]
+
+    eager = run(compiled=False)  # the multi-tensor AdamW arithmetic
+    _manifold_step._failed.clear()
+    _manifold_step._compiled.clear()
+    torch._dynamo.reset()
+    try:
+        compiled = run(compiled=True)  # one fused in-place call per tensor
+    finally:
+        torch._dynamo.config.error_on_recompile = False
+    assert "cpu" in _manifold_step._compiled and not _manifold_step._failed, "the step fell back to eager"
+    for a, b in zip(eager, compiled):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-7)  # float32 rounding only (eager kernels fuse FMAs)
