@@ -51,7 +51,8 @@ evidence-cpu: $(STAMP) ## the committed CPU evidence: lr scans → lr pick → m
 	$(BIN)/python -m altgrad.sweep.lr_pick $(EVIDENCE)/lr_scan_cpu $(EVIDENCE)/lr_scan_cpu_ulp --write
 	OMP_NUM_THREADS=1 $(BIN)/python -m altgrad.train experiment=manifold_ab_cpu $(JOBLIB) hydra.sweep.dir=$(EVIDENCE)/manifold_ab_cpu || true
 	OMP_NUM_THREADS=1 $(BIN)/python -m altgrad.train experiment=failure_stage_cpu $(JOBLIB) hydra.sweep.dir=$(EVIDENCE)/failure_stage_cpu || true
-	$(BIN)/python -m altgrad.report $(EVIDENCE)/manifold_ab_cpu $(EVIDENCE)/failure_stage_cpu $(EVIDENCE)/lr_scan_cpu $(EVIDENCE)/lr_scan_cpu_ulp --out $(EVIDENCE)/report
+	$(BIN)/python -m altgrad.report $(EVIDENCE)/manifold_ab_cpu $(EVIDENCE)/failure_stage_cpu --out $(EVIDENCE)/report
+	$(BIN)/python -m altgrad.report $(EVIDENCE)/lr_scan_cpu $(EVIDENCE)/lr_scan_cpu_ulp --out $(EVIDENCE)/report/lr_scan
 
 lint: $(STAMP) ## ruff over the package and the tests
 	$(BIN)/ruff check altgrad tests
