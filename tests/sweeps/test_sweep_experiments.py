@@ -161,7 +161,7 @@ def test_command_line_sweeps_need_no_dash_m_under_an_experiment() -> None:
 
 
 # The `_cpu` variants behind the committed evidence (docs/results/cpu-nano): narrowed grids, same job-dir scheme.
-CPU_JOBS = {"lr_scan_cpu": 3 * 2 * 4, "lr_scan_cpu_ulp": 2 * 2 * 4, "manifold_ab_cpu": 7 * 4 * 3,
+CPU_JOBS = {"lr_scan_cpu": 3 * 2 * 6, "lr_scan_cpu_ulp": 2 * 2 * 4, "manifold_ab_cpu": 7 * 4 * 3,
             "failure_stage_cpu": 3 * 5 * 2}
 
 
