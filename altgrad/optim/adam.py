@@ -63,3 +63,14 @@ def adamw_step_(
     if stiffness is not None:
         torch._foreach_div_(denom, stiffness)  # m̂/((√v̂+ε)/S) = S·m̂/(√v̂+ε)
     torch._foreach_addcdiv_(params, exp_avgs, denom, [-lr / bc for bc in bc1])
+
+
+HYPER = ("lr", "weight_decay", "bc1", "bc2_sqrt", "eps")
+"""Slots of the float32 hyper-parameter tensor the fused steps take: tensors, not Python floats, so a learning-rate
+schedule or Adam's bias corrections never make torch.compile specialise (and recompile) on their values."""
+
+
+def hyper_tensor(lr: float, weight_decay: float, bc1: float, bc2_sqrt: float, eps: float,
+                 device: torch.device) -> Tensor:
+    """float32 [lr, weight_decay, bc1, bc2_sqrt, eps] on ``device`` (the order of HYPER)."""
+    return torch.tensor([lr, weight_decay, bc1, bc2_sqrt, eps], dtype=torch.float32, device=device)

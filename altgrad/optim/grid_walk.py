@@ -96,20 +96,9 @@ def grid_move(
 
 
 
-HYPER = ("lr", "weight_decay", "bc1", "bc2_sqrt", "eps")
-"""Slots of the float32 hyper-parameter tensor the fused steps take: tensors, not Python floats, so a learning-rate
-schedule or Adam's bias corrections never make torch.compile specialise (and recompile) on their values."""
-
-
-def hyper_tensor(lr: float, weight_decay: float, bc1: float, bc2_sqrt: float, eps: float,
-                 device: torch.device) -> Tensor:
-    """float32 [lr, weight_decay, bc1, bc2_sqrt, eps] on ``device`` (the order of HYPER)."""
-    return torch.tensor([lr, weight_decay, bc1, bc2_sqrt, eps], dtype=torch.float32, device=device)
-
-
 def grid_move_(w: Tensor, direction: Tensor, grid: Any, seed: Tensor, hyper: Tensor, real_units: bool,
                second_moment: Tensor | None = None) -> None:
-    """``grid_move`` with its scalars from ``hyper`` (see HYPER), written back into ``w``."""
+    """``grid_move`` with its scalars from ``hyper`` (``adam.hyper_tensor``), written back into ``w``."""
     lr, wd, bc1, bc2_sqrt, eps = hyper.unbind(0)
     w.copy_(grid_move(w, direction, grid, seed, lr, wd, real_units, second_moment, bc1, bc2_sqrt, eps))
 

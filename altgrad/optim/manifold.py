@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from altgrad.optim.adam import adamw_step_, init_adam_state
+from altgrad.optim.adam import adamw_step_, hyper_tensor, init_adam_state
 from altgrad.optim.base import PLAIN_BETAS, PLAIN_EPS, PLAIN_LR, QuantAwareOptimizer
 from altgrad.optim.stiffness import STIFFNESS_KINDS, Grid, grid_stiffness
 from altgrad.quant.fused import compile_enabled, fused
@@ -96,8 +96,8 @@ class ManifoldAdamW(QuantAwareOptimizer):
             state = self.state[p]
             state["step"] += 1
             t = state["step"].item()
-            hyper = torch.tensor([group["lr"], group["weight_decay"], 1 - beta1 ** t, (1 - beta2 ** t) ** 0.5,
-                                  group["eps"]], dtype=torch.float32, device=p.device)
+            hyper = hyper_tensor(group["lr"], group["weight_decay"], 1 - beta1 ** t, (1 - beta2 ** t) ** 0.5,
+                                 group["eps"], p.device)
             _manifold_step(p.detach(), p.grad, state["exp_avg"], state["exp_avg_sq"], self.grid_of(p),
                            group["stiffness_kind"], on_update, hyper, beta1, beta2)
 
@@ -105,8 +105,7 @@ class ManifoldAdamW(QuantAwareOptimizer):
 def manifold_step_(w: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, grid: Grid, kind: str,
                    on_update: bool, hyper: Tensor, beta1: float, beta2: float) -> None:
     """One tensor's ManifoldAdamW step in place: the arithmetic of ``adamw_step_`` with per-step scalars read from
-    ``hyper`` = float32 [lr, weight_decay, 1 − β1^t, √(1 − β2^t), ε] (tensors, so a learning-rate schedule never
-    makes torch.compile specialise and recompile on them; betas are per-run constants).
+    ``hyper`` (``adam.hyper_tensor``: lr, weight_decay, 1 − β1^t, √(1 − β2^t), ε; betas are per-run constants).
 
     The optimizer runs it compiled (one pass over the tensor instead of ~8 multi-tensor kernels); with
     ALTGRAD_COMPILE=0 it steps through ``adamw_step_`` instead, which is bitwise torch's AdamW arithmetic. The two
