@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 from torch.optim import Optimizer
 
-from altgrad.optim.adam import adamw_step_, init_adam_state
+from altgrad.optim.adam import adamw_step_, hyper_tensor, init_adam_state
 from altgrad.optim.stiffness import Grid
 
 PLAIN_LR = 5e-3  # AdamW lr of the plain (grid-less) groups, real units: conf/optimizer/adamw.yaml's tuned lr
@@ -103,6 +103,16 @@ class QuantAwareOptimizer(Optimizer, metaclass=abc.ABCMeta):
     def _adam_lists(self, params: list[Tensor]) -> tuple[list[Tensor], list[Tensor], list[Tensor]]:
         states = [self.state[p] for p in params]
         return [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states], [s["step"] for s in states]
+
+    def _advance_adam(self, p: Tensor, group: dict[str, Any]) -> Tensor:
+        """Count one more Adam step for p (its state must exist) and return the per-step scalars of the fused
+        steps: ``hyper_tensor(lr, weight_decay, 1 − β1^t, √(1 − β2^t), ε)`` on p's device."""
+        state = self.state[p]
+        state["step"] += 1
+        t = state["step"].item()
+        beta1, beta2 = group["betas"]
+        return hyper_tensor(group["lr"], group["weight_decay"], 1 - beta1 ** t, (1 - beta2 ** t) ** 0.5,
+                            group["eps"], p.device)
 
     def grid_of(self, p: Tensor) -> Grid:
         """The grid (weight quantizer) of a rule-group parameter."""

@@ -114,11 +114,8 @@ class GridOptim(QuantAwareOptimizer):
                     init_adam_state(self.state[p], p)
             beta1, beta2 = group["betas"]
             for p in params:  # moments, ULP conversion and walk: one fused in-place call per tensor
+                hyper = self._advance_adam(p, group)
                 state = self.state[p]
-                state["step"] += 1
-                t = state["step"].item()
-                hyper = hyper_tensor(group["lr"], group["weight_decay"], 1 - beta1 ** t, (1 - beta2 ** t) ** 0.5,
-                                     group["eps"], p.device)
                 _grid_adam_step(p.detach(), p.grad, state["exp_avg"], state["exp_avg_sq"], self.grid_of(p),
                                 draw_seed(p.device, self._generator(p.device)), hyper,
                                 group["lr_unit"] == "real", beta1, beta2)

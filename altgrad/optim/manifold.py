@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from altgrad.optim.adam import adamw_step_, hyper_tensor, init_adam_state
+from altgrad.optim.adam import adamw_step_, init_adam_state
 from altgrad.optim.base import PLAIN_BETAS, PLAIN_EPS, PLAIN_LR, QuantAwareOptimizer
 from altgrad.optim.stiffness import STIFFNESS_KINDS, Grid, grid_stiffness
 from altgrad.quant.fused import compile_enabled, fused
@@ -93,11 +93,8 @@ class ManifoldAdamW(QuantAwareOptimizer):
         beta1, beta2 = group["betas"]
         on_update = group["stiffness_on"] == "update"
         for p in params:
+            hyper = self._advance_adam(p, group)
             state = self.state[p]
-            state["step"] += 1
-            t = state["step"].item()
-            hyper = hyper_tensor(group["lr"], group["weight_decay"], 1 - beta1 ** t, (1 - beta2 ** t) ** 0.5,
-                                 group["eps"], p.device)
             _manifold_step(p.detach(), p.grad, state["exp_avg"], state["exp_avg_sq"], self.grid_of(p),
                            group["stiffness_kind"], on_update, hyper, beta1, beta2)
 
