@@ -1,7 +1,9 @@
 """Speed of quantize on a large float32 tensor, as a ratio to x.clone() measured in the same process.
 
 Every preset × rounding mode, beside torch's native low-precision round-trip casts and ml_dtypes' round trips.
-The first call of each rounding mode compiles its kernel (reported separately, not timed in the table).
+Each row is timed right after an x.clone() (interleaved), and its ratio is the median of those pairs, so drift
+of a shared machine cancels; a compiled `x + 0` row shows the floor of any kernel writing fresh memory.
+First calls compile the kernels (reported separately, not timed in the table).
 Usage: python -m altgrad.bench quantize [--log2n 24] [--repeats 7] [--device cpu|cuda] [--formats e4m3,e5m2]
 """
 
@@ -21,26 +23,17 @@ _TORCH_CASTS = {"e4m3fn": "float8_e4m3fn", "e5m2": "float8_e5m2", "bf16": "bfloa
 _ML_DTYPES = ("float8_e4m3fn", "float8_e5m2", "float8_e3m4", "float8_e4m3")
 
 
-def _timer(device: torch.device) -> Callable[[Callable[[], object], int, int], tuple[float, float]]:
-    def sync() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
-    def median_ms(fn: Callable[[], object], repeats: int, warmup: int) -> tuple[float, float]:
-        """Median wall-clock and median process-CPU milliseconds (CPU time is steadier on a shared machine)."""
-        for _ in range(warmup):
-            fn()
-        sync()
-        wall, cpu = [], []
-        for _ in range(repeats):
-            c0, t0 = time.process_time(), time.perf_counter()
-            fn()
-            sync()
-            wall.append(time.perf_counter() - t0)
-            cpu.append(time.process_time() - c0)
-        return statistics.median(wall) * 1e3, statistics.median(cpu) * 1e3
 
-    return median_ms
+def _time_once(fn: Callable[[], object], device: torch.device) -> tuple[float, float]:
+    """Wall-clock and process-CPU milliseconds of one call."""
+    c0, t0 = time.process_time(), time.perf_counter()
+    fn()
+    _sync(device)
+    return (time.perf_counter() - t0) * 1e3, (time.process_time() - c0) * 1e3
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
@@ -73,40 +66,55 @@ def main(argv: list[str]) -> None:
     gen = torch.Generator(device=device).manual_seed(0)
     x = torch.randn(n, device=device, generator=gen) * torch.exp2(
         torch.randint(-20, 20, (n,), device=device, generator=gen).float())
-    median_ms = _timer(device)
-    rows: list[tuple[str, str, tuple[float, float]]] = []
-
-    def row(label: str, mode: str, fn: Callable[[], object]) -> tuple[float, float]:
-        ms = median_ms(fn, args.repeats, args.warmup)
-        rows.append((label, mode, ms))
-        return ms
-
+    rows: list[tuple[str, str, Callable[[], object]]] = []
     compile_s = {}
     for rounding in args.roundings.split(","):
         t0 = time.perf_counter()
-        quantize(x[:4096], get_format("e4m3"), rounding)  # compile (all formats share the kernel)
-        quantize(x, get_format("e4m3"), rounding)
+        for name in args.formats.split(","):  # compile every kernel variant the presets need
+            quantize(x[:4096], get_format(name), rounding)
         compile_s[rounding] = time.perf_counter() - t0
 
-    clone_ms = row("x.clone()", "-", lambda: x.clone())
+    floor = torch.compile(lambda t: t + 0)  # a fused loop with no arithmetic: what any fresh-output kernel costs
+    floor(x)
+    rows.append(("compiled x + 0 (floor)", "-", lambda: floor(x)))
     for name in args.formats.split(","):
         fmt = get_format(name)
         for rounding in args.roundings.split(","):
-            row(name, rounding, lambda f=fmt, r=rounding: quantize(x, f, r))
+            rows.append((name, rounding, lambda f=fmt, r=rounding: quantize(x, f, r)))
     for label, dt in _TORCH_CASTS.items():
         dtype = getattr(torch, dt)
-        row(f"torch {dt}", "round trip", lambda d=dtype: x.to(d).to(torch.float32))
+        rows.append((f"torch {dt}", "round trip", lambda d=dtype: x.to(d).to(torch.float32)))
     if device.type == "cpu":
         import ml_dtypes
 
         xn = x.numpy()
         for dt in _ML_DTYPES:
             dtype = getattr(ml_dtypes, dt)
-            row(f"ml_dtypes {dt}", "round trip", lambda d=dtype: xn.astype(d).astype(np.float32))
-    # clone again at the end: the reference is the mean of both, so slow drift of a shared machine evens out
-    late = median_ms(lambda: x.clone(), args.repeats, 1)
-    clone_ms = ((clone_ms[0] + late[0]) / 2, (clone_ms[1] + late[1]) / 2)
-    rows[0] = ("x.clone()", "-", clone_ms)
+            rows.append((f"ml_dtypes {dt}", "round trip", lambda d=dtype: xn.astype(d).astype(np.float32)))
+
+    # Interleaved: every repeat times x.clone() right before each row, and a row's ratio is the median over
+    # repeats of (row / the clone just before it). A slow drift of a shared machine, or of the kernel's page
+    # faults on fresh output memory, then moves both sides of a ratio alike.
+    def clone() -> torch.Tensor:
+        return x.clone()
+
+    for _ in range(args.warmup):
+        for _label, _mode, fn in rows:
+            fn()
+            clone()
+    _sync(device)
+    samples: list[list[tuple[float, float, float, float]]] = [[] for _ in rows]
+    for _ in range(args.repeats):
+        for i, (_label, _mode, fn) in enumerate(rows):
+            cw, cc = _time_once(clone, device)
+            w, c = _time_once(fn, device)
+            samples[i].append((w, c, cw, cc))
+    clone_all = [s for row in samples for s in row]
+    clone_ms = (statistics.median(s[2] for s in clone_all), statistics.median(s[3] for s in clone_all))
+    table: list[tuple[str, str, float, float, float, float]] = [("x.clone()", "-", *clone_ms, 1.0, 1.0)]
+    for (label, mode, _fn), row in zip(rows, samples):
+        table.append((label, mode, statistics.median(s[0] for s in row), statistics.median(s[1] for s in row),
+                      statistics.median(s[0] / s[2] for s in row), statistics.median(s[1] / s[3] for s in row)))
 
     print(f"quantize benchmark: {n:,} float32 elements (2^{args.log2n}) on {device}, "
           f"{torch.get_num_threads()} threads, median of {args.repeats} runs after {args.warmup} warm-up, "
@@ -121,16 +129,16 @@ def main(argv: list[str]) -> None:
         rule += f"{'-' * 10}|{'-' * 13}|"
     print(head)
     print(rule)
-    for label, mode, (ms, cms) in rows:
-        line = f"| {label:<26} | {mode:<11} | {ms:8.2f} | {n / ms / 1e6:8.3f} | {ms / clone_ms[0]:7.2f}x |"
+    for label, mode, ms, cms, ratio, cratio in table:
+        line = f"| {label:<26} | {mode:<11} | {ms:8.2f} | {n / ms / 1e6:8.3f} | {ratio:7.2f}x |"
         if cpu:
-            line += f" {cms:8.2f} | {cms / clone_ms[1]:10.2f}x |"
+            line += f" {cms:8.2f} | {cratio:10.2f}x |"
         print(line)
-    # Every preset runs the same branch-free kernel (formats are data), so differences between presets are noise:
-    # the median over presets is the steadier figure per rounding mode.
+    # Every preset of one kernel variant runs the same branch-free code (formats are data), so differences
+    # between presets are mostly noise: the median over presets is the steadier figure per rounding mode.
     formats = set(args.formats.split(","))
     for rounding in args.roundings.split(","):
-        wall = statistics.median(ms for label, mode, (ms, _) in rows if label in formats and mode == rounding)
-        cpu_ms = statistics.median(c for label, mode, (_, c) in rows if label in formats and mode == rounding)
-        summary = f"median over presets, {rounding}: {wall / clone_ms[0]:.2f}x clone"
-        print(summary + (f" (CPU time {cpu_ms / clone_ms[1]:.2f}x)" if cpu else ""))
+        picked = [t for t in table if t[0] in formats and t[1] == rounding]
+        summary = (f"median over presets, {rounding}: {statistics.median(t[4] for t in picked):.2f}x clone "
+                   f"(worst {max(t[4] for t in picked):.2f}x)")
+        print(summary + (f" (CPU time {statistics.median(t[5] for t in picked):.2f}x)" if cpu else ""))

@@ -13,7 +13,7 @@ from torch import nn
 
 from altgrad.quant.format import get_format
 from altgrad.quant.quant_call import quant_call, quant_call_body
-from altgrad.quant.rounding import draw_seed, kernel_params, quantize_scaled
+from altgrad.quant.rounding import draw_seed, kernel_params, kernel_variant, quantize_scaled
 from altgrad.quant.scaling import Scaler, compute_scale, make_scaler, scale_consts
 from altgrad.quant.spec import QuantSpec
 from altgrad.quant.stats import STAT_NAMES
@@ -59,11 +59,12 @@ def _fused_quantize(x: torch.Tensor, spec: QuantSpec, scaler: Scaler, seed: torc
     """(quantize(x·s)/s, stats or None, the scaler's new state) from one fused call; nothing is written."""
     sc = spec.scaling
     p = kernel_params(spec.format, spec.rounding, spec.overflow, x.device)
+    variant = kernel_variant(spec.format, spec.rounding, spec.overflow)
     consts = scale_consts(spec.format, sc.margin, x.device)
     if torch.compiler.is_compiling():  # traced into the caller's graph: no per-configuration function to build
         return quant_call_body(x.detach(), p, consts, seed, scaler.state(), type(scaler).scale_fn, sc.pow2,
-                               sc.reduce, sc.block, spec.rounding, with_stats)
-    call = quant_call(type(scaler).scale_fn, sc.pow2, sc.reduce, sc.block, spec.rounding, with_stats)
+                               sc.reduce, sc.block, variant, with_stats)
+    call = quant_call(type(scaler).scale_fn, sc.pow2, sc.reduce, sc.block, variant, with_stats)
     with torch.no_grad():
         return call(x.detach(), p, consts, seed, *scaler.state())
 

@@ -8,13 +8,12 @@ The operations are the same ones the separate scaler, kernel and stats functions
 
 from __future__ import annotations
 
-import types
 from collections.abc import Callable
 
 import torch
 
-from altgrad.quant.fused import fused
-from altgrad.quant.rounding import _kernel
+from altgrad.quant.fused import fused, renamed
+from altgrad.quant.rounding import Variant, _kernel
 from altgrad.quant.scaling import C_MAX, C_MIN_NORMAL, State
 from altgrad.quant.stats import stats_of
 
@@ -22,11 +21,11 @@ _CALLS: dict[tuple, fused] = {}
 
 
 def quant_call_body(x: torch.Tensor, p: torch.Tensor, consts: torch.Tensor, seed: torch.Tensor | None,
-                    state: State, scale_fn: Callable, pow2: bool, reduce: str, block: int, rounding: str,
+                    state: State, scale_fn: Callable, pow2: bool, reduce: str, block: int, variant: Variant,
                     with_stats: bool) -> tuple[torch.Tensor, torch.Tensor | None, State]:
     """The maths of one quantizer call (what every ``quant_call`` function runs); traceable as it is."""
     s, new = scale_fn(x, consts, state, pow2, reduce, block)
-    y = _kernel(x, p, rounding, s, seed)
+    y = _kernel(x, p, variant, s, seed)
     stats = None
     if with_stats:
         s_used = torch.ones((), dtype=torch.float32, device=x.device) if s is None else s
@@ -34,21 +33,20 @@ def quant_call_body(x: torch.Tensor, p: torch.Tensor, consts: torch.Tensor, seed
     return y, stats, new
 
 
-def _build(scale_fn: Callable, pow2: bool, reduce: str, block: int, rounding: str, with_stats: bool) -> fused:
+def _build(scale_fn: Callable, pow2: bool, reduce: str, block: int, variant: Variant, with_stats: bool) -> fused:
     def call(x: torch.Tensor, p: torch.Tensor, consts: torch.Tensor, seed: torch.Tensor | None,
              *state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, State]:
-        return quant_call_body(x, p, consts, seed, state, scale_fn, pow2, reduce, block, rounding, with_stats)
+        return quant_call_body(x, p, consts, seed, state, scale_fn, pow2, reduce, block, variant, with_stats)
 
-    # A distinct code object per configuration: dynamo caches compiled graphs per code object, so each
-    # configuration gets its own cache instead of competing for one function's recompile limit.
-    name = f"quant_call_{scale_fn.__name__}_{rounding}_{'stats' if with_stats else 'nostats'}"
-    code = call.__code__.replace(co_name=name, co_qualname=name)
-    return fused(types.FunctionType(code, call.__globals__, name, call.__defaults__, call.__closure__))
+    # A distinct code object per configuration, so each gets its own dynamo cache (see ``renamed``).
+    flags = "".join(f"_{name}" for name, on in zip(Variant._fields[1:], variant[1:]) if on)
+    name = f"quant_call_{scale_fn.__name__}_{variant.rounding}{flags}_{'stats' if with_stats else 'nostats'}"
+    return fused(renamed(call, name))
 
 
-def quant_call(scale_fn: Callable, pow2: bool, reduce: str, block: int, rounding: str, with_stats: bool) -> fused:
+def quant_call(scale_fn: Callable, pow2: bool, reduce: str, block: int, variant: Variant, with_stats: bool) -> fused:
     """The fused function ``(x, kernel params, scale consts, seed, *state) -> (y, stats | None, new state)``."""
-    key = (scale_fn, pow2, reduce, block, rounding, with_stats)
+    key = (scale_fn, pow2, reduce, block, variant, with_stats)
     fn = _CALLS.get(key)
     if fn is None:
         fn = _CALLS[key] = _build(*key)

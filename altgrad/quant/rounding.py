@@ -4,8 +4,8 @@ The kernel works on the float32 bit pattern as int32 (no log2/frexp):
 - values at or above the format's smallest normal keep float32's exponent; rounding adds a bias to the low
   23 − M mantissa bits and masks them off, so a carry moves into the exponent exactly as it should;
 - below it the grid is fixed-point with quantum q = 2^(emin−M): nearest uses |x| + C − C with C = 2^(emin−M+23)
-  (float32's own round-to-nearest-even at spacing q); the other modes round k = |x| / q as an integer
-  (exact shifts of the significand) and rebuild k·q as (C's bits + k) − C;
+  (float32's own round-to-nearest-even at spacing q); the other modes take y = |x|/q (an exact power-of-two
+  scaling), k = floor(y) (+1 with probability frac(y) when stochastic), and rebuild k·q as (C's bits + k) − C;
 - saturation/overflow, NaN, ±Inf and −0 follow the policy (inductor compiles with -fno-signed-zeros, so signs
   are handled on the bits, never by float arithmetic).
 Round-to-nearest breaks ties towards the even *code*; for M = 0 the code's last bit is the exponent field's,
@@ -13,22 +13,25 @@ whose parity differs from float32's when 127 − bias is odd, hence ``tie_flip``
 Stochastic rounding adds uniform random bits below the cut, drawn inside the kernel from a counter-based
 hash of (seed, element index), so no random tensor is materialised.
 
-Formats are derived into a small int32 parameter tensor, so one compiled kernel per rounding mode serves every
-format without recompiling. ``quantize`` compiles it lazily with ``torch.compile(dynamic=True)`` (set
-``ALTGRAD_COMPILE=0`` to stay eager) and falls back to eager, with one warning, where compilation fails.
+Formats are derived into a small int32 parameter tensor; the compiled kernel is specialised only on which
+optional steps a format needs (``Variant``: a handful in all), so formats share kernels without recompiling.
+``quantize`` compiles lazily with ``torch.compile(dynamic=True)`` (set ``ALTGRAD_COMPILE=0`` to stay eager) and
+falls back to eager, with one warning, where compilation fails.
 Inputs of other float dtypes are computed in float32 and cast back: exact when the format is narrower than the
 dtype; a format wider than the dtype (e.g. fp16 on a bf16 tensor) is rounded twice (format, then dtype).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import struct
+from typing import NamedTuple
 
 import torch
 
 from altgrad.quant.format import FloatFormat
-from altgrad.quant.fused import fused
+from altgrad.quant.fused import fused, renamed
 
 ROUNDINGS = ("nearest", "stochastic", "toward_zero")
 OVERFLOWS = ("saturate", "overflow")
@@ -37,12 +40,24 @@ _INT_MIN = -(2**31)
 _ABS = 0x7FFFFFFF
 _INF = 0x7F800000
 _NAN = 0x7FC00000
-_MANT = 0x007FFFFF
-_HIDDEN = 0x00800000
 
 # Parameter-tensor slots (int32), derived once per (format, rounding, overflow, device).
-_P_SHIFT, _P_LOW, _P_HALF, _P_LSB, _P_FLIP, _P_EMIN32, _P_MCUT, _P_MAX, _P_OVF, _P_OVF_INF, _P_NZ, _P_MAGIC, \
-    _P_EMIN_BITS = range(13)
+_P_SHIFT, _P_LOW, _P_HALF, _P_LSB, _P_FLIP, _P_MAX, _P_OVF, _P_OVF_INF, _P_MAGIC, _P_EMIN_BITS, _P_Y1, _P_Y2 = \
+    range(12)
+
+
+class Variant(NamedTuple):
+    """The optional steps one (format, rounding, overflow) needs: kernels are compiled per variant, not per format.
+
+    Leaving out a step a format cannot need (the parity flip, the sign fix for a zero result, the overflow
+    selects) saves vector operations on every element; the numbers themselves stay in the parameter tensor.
+    """
+
+    rounding: str
+    tie_flip: bool  # nearest with M = 0 and odd 127 − bias: the code's parity is not float32's
+    zero_sign: bool  # a zero result drops its sign (the policy has no −0)
+    saturates: bool  # overflow and ±Inf both clamp to ±max (a min instead of two selects)
+    wide_quantum: bool  # 2^−(emin − M) exceeds 2^127: the subnormal scaling takes two multiplies
 
 
 def _f32_bits(v: float) -> int:
@@ -50,32 +65,44 @@ def _f32_bits(v: float) -> int:
     return struct.unpack("<i", struct.pack("<f", v))[0]
 
 
+def _overflow_bits(fmt: FloatFormat, rounding: str, overflow: str) -> tuple[int, int]:
+    """Bit patterns a finite overflow and an infinite input become."""
+    max_bits = _f32_bits(fmt.max)
+    if overflow == "saturate" or fmt.policy == "finite":
+        return max_bits, max_bits
+    special = _INF if fmt.has_inf else _NAN  # fn: NaN is the only special value
+    return (max_bits if rounding == "toward_zero" else special), special  # toward zero never overflows a finite x
+
+
 def _params(fmt: FloatFormat, rounding: str, overflow: str) -> list[int]:
     """The constants of the kernel for one format, as int32 values."""
     shift = 23 - fmt.mbits
-    qexp = fmt.emin - fmt.mbits  # the quantum below the smallest normal is 2^qexp, qexp >= -149
-    max_bits = _f32_bits(fmt.max)
-    if overflow == "saturate" or fmt.policy == "finite":
-        ovf = ovf_inf = max_bits
-    else:
-        special = _INF if fmt.has_inf else _NAN  # fn: NaN is the only special value
-        ovf_inf = special
-        ovf = max_bits if rounding == "toward_zero" else special  # rounding toward zero never overflows a finite x
+    qexp = fmt.emin - fmt.mbits  # the quantum below the smallest normal is 2^qexp, -149 <= qexp <= 104
+    ovf, ovf_inf = _overflow_bits(fmt, rounding, overflow)
+    y1 = min(-qexp, 127)
     return [
         shift,
         (1 << shift) - 1,  # bits below the cut
         (1 << (shift - 1)) - 1 if shift > 0 else 0,  # half an ulp minus one: RNE bias before the tie bit
         1 if shift > 0 else 0,  # whether a tie bit exists at all (M = 23 rounds nothing)
         ((fmt.bias - 127) << fmt.mbits) & 1 if shift > 0 else 0,  # code parity = float32 parity xor this
-        fmt.emin + 127,  # float32 exponent field of the format's smallest normal (>= 1 by FloatFormat's checks)
-        shift,
-        max_bits,
+        _f32_bits(fmt.max),
         ovf,
         ovf_inf,
-        _INT_MIN if fmt.has_negative_zero else 0,  # sign kept on a zero result?
         (qexp + 23 + 127) << 23,  # C = 2^(qexp+23): in [C, 2C) float32's ulp is the quantum q
         (fmt.emin + 127) << 23,  # bit pattern of the smallest normal
+        _f32_bits(math.ldexp(1.0, y1)),  # 2^-qexp = Y1 · Y2, each a float32
+        _f32_bits(math.ldexp(1.0, -qexp - y1)),
     ]
+
+
+@functools.lru_cache(maxsize=None)
+def kernel_variant(fmt: FloatFormat, rounding: str, overflow: str) -> Variant:
+    """Which optional kernel steps (format, rounding, overflow) needs (cached: called on every quantize)."""
+    p = _params(fmt, rounding, overflow)
+    return Variant(rounding, rounding == "nearest" and p[_P_FLIP] != 0, not fmt.has_negative_zero,
+                   p[_P_OVF] == p[_P_MAX] and p[_P_OVF_INF] == p[_P_MAX],
+                   rounding != "nearest" and p[_P_Y2] != _f32_bits(1.0))
 
 
 def _mix32(h: torch.Tensor) -> torch.Tensor:
@@ -88,14 +115,16 @@ def _mix32(h: torch.Tensor) -> torch.Tensor:
 
 
 def random_bits(shape: torch.Size, seed: torch.Tensor) -> torch.Tensor:
-    """Counter-based uniform int32 bits for every element index, from a 0-dim int32 ``seed`` (no state)."""
-    n = math.prod(shape)
-    idx = torch.arange(n, dtype=torch.int32, device=seed.device).view(shape)
-    key2 = _mix32(seed ^ 0x5BD1E995)
-    return _mix32((idx ^ seed) * -1640531535 + key2)  # 0x9E3779B1: golden-ratio multiplier
+    """Counter-based uniform int32 bits for every element index, from a 0-dim int32 ``seed`` (no state).
+
+    fmix32(i·φ + key(seed)): the golden-ratio multiplier spreads consecutive counters over all bits before the
+    finaliser, and a seed moves the whole stream by a pseudo-random offset (about 2^32 apart).
+    """
+    idx = torch.arange(math.prod(shape), dtype=torch.int32, device=seed.device).view(shape)
+    return _mix32(idx * -1640531535 + _mix32(seed ^ 0x5BD1E995))  # 0x9E3779B1 = 2^32/φ
 
 
-def _round_bits(xf: torch.Tensor, p: torch.Tensor, rounding: str, r: torch.Tensor | None) -> torch.Tensor:
+def _round_bits(xf: torch.Tensor, p: torch.Tensor, v: Variant, r: torch.Tensor | None) -> torch.Tensor:
     """Quantize a float32 tensor; returns the float32 result. ``p`` is the int32 parameter tensor."""
     bits = xf.view(torch.int32)
     sign = bits & _INT_MIN
@@ -103,92 +132,79 @@ def _round_bits(xf: torch.Tensor, p: torch.Tensor, rounding: str, r: torch.Tenso
     a = torch.clamp(a0, max=_INF)  # NaN payloads would overflow the rounding add; NaN is restored at the end
 
     # Normal region: round the float32 pattern at the cut (23 − M bits), carrying into the exponent.
-    shift, low = p[_P_SHIFT], p[_P_LOW]
-    if rounding == "nearest":
-        add = p[_P_HALF] + (((a >> shift) ^ p[_P_FLIP]) & p[_P_LSB])
-    elif rounding == "stochastic":
-        add = r & low
+    low = p[_P_LOW]
+    if v.rounding == "nearest":
+        parity = a >> p[_P_SHIFT]
+        if v.tie_flip:
+            parity = parity ^ p[_P_FLIP]
+        normal = (a + (p[_P_HALF] + (parity & p[_P_LSB]))) & ~low
+    elif v.rounding == "stochastic":
+        normal = (a + (r & low)) & ~low
     else:
-        add = torch.zeros_like(a)
-    normal = (a + add) & ~low
+        normal = a & ~low
 
-    # Below the smallest normal the grid is fixed-point with quantum q = 2^(emin−M).
+    # Below the smallest normal the grid is fixed-point with quantum q = 2^(emin−M) = 2^qexp.
     c = p[_P_MAGIC].view(torch.float32)
-    if rounding == "nearest":
-        # |x| + C with C = 2^(emin−M+23) lands in [C, 2C), where float32's own spacing is q: the hardware's
+    if v.rounding == "nearest":
+        # |x| + C with C = 2^(qexp+23) lands in [C, 2C), where float32's own spacing is q: the hardware's
         # round-to-nearest-even does the work, and even there means an even k = the even code.
         sub = ((a.view(torch.float32) + c) - c).view(torch.int32)
     else:
-        # k = significand >> (extra exponent distance + 23 − M), rounded as an integer (exact control of the bits
-        # that are dropped, which stochastic rounding needs).
-        e32 = a >> 23
-        sig = torch.where(e32 > 0, (a & _MANT) | _HIDDEN, a)
-        dist = torch.clamp(p[_P_EMIN32] - torch.clamp(e32, min=1), min=0) + p[_P_MCUT]
-        # Keep shifts within int32: drop at most `pre` low bits first (≤ 2^-30 of an ulp, seen only by stochastic
-        # rounding); a distance beyond 61 leaves sg = 0, which every mode rounds to 0.
-        pre = torch.clamp(dist - 30, min=0, max=31)
-        sg = sig >> pre
-        sh = torch.clamp(dist - pre, max=30)
-        if rounding == "stochastic":
-            sadd = r & ((torch.ones_like(sh) << sh) - 1)
-        else:
-            sadd = torch.zeros_like(sg)
-        k = (sg + sadd) >> sh  # <= 2^M... 2^23: the bits of C + k·q are C's bits + k; subtracting C is exact
+        # y = |x| / q (< 2^M, exact: a power-of-two scaling), k = floor(y), plus one with probability frac(y)
+        # for stochastic rounding (u has 24 random bits, so frac(y) counts to 2^-24 of a quantum); then
+        # k·q is rebuilt exactly as (C's bits + k) − C.
+        y = torch.minimum(a, p[_P_EMIN_BITS]).view(torch.float32) * p[_P_Y1].view(torch.float32)
+        if v.wide_quantum:
+            y = y * p[_P_Y2].view(torch.float32)
+        yi = torch.floor(y)
+        k = yi.to(torch.int32)
+        if v.rounding == "stochastic":
+            u = ((r >> 8) & 0xFFFFFF).to(torch.float32) * 2.0**-24
+            k = k + ((y - yi) > u).to(torch.int32)
         sub = ((p[_P_MAGIC] + k).view(torch.float32) - c).view(torch.int32)
     m = torch.where(a < p[_P_EMIN_BITS], sub, normal)
 
     # Range, specials, sign.
-    m = torch.where(m > p[_P_MAX], torch.where(a >= _INF, p[_P_OVF_INF], p[_P_OVF]), m)
-    sgn = torch.where(m != 0, sign, sign & p[_P_NZ])
-    out = torch.where(a0 > _INF, _NAN, m | sgn)
-    return out.view(torch.float32)
+    if v.saturates:
+        m = torch.clamp(m, max=p[_P_MAX])
+    else:
+        m = torch.where(m > p[_P_MAX], torch.where(a >= _INF, p[_P_OVF_INF], p[_P_OVF]), m)
+    out = m | (torch.where(m != 0, sign, 0) if v.zero_sign else sign)
+    return torch.where(a0 > _INF, _NAN, out).view(torch.float32)
 
 
-def _kernel(x: torch.Tensor, p: torch.Tensor, rounding: str, scale: torch.Tensor | None,
+def _kernel(x: torch.Tensor, p: torch.Tensor, variant: Variant, scale: torch.Tensor | None,
             seed: torch.Tensor | None) -> torch.Tensor:
     xf = x.to(torch.float32)
     if scale is not None:
         xf = xf * scale
-    r = random_bits(xf.shape, seed) if rounding == "stochastic" else None
-    q = _round_bits(xf, p, rounding, r)
+    r = random_bits(xf.shape, seed) if variant.rounding == "stochastic" else None
+    q = _round_bits(xf, p, variant, r)
     if scale is not None:
         q = q / scale
     return q.to(x.dtype)
 
 
-# One entry point per rounding mode and scaling: distinct code objects, so dynamo keeps separate caches.
-def _nearest(x: torch.Tensor, p: torch.Tensor, seed: torch.Tensor | None) -> torch.Tensor:
-    return _kernel(x, p, "nearest", None, None)
+def _build(variant: Variant, scaled: bool) -> fused:
+    if scaled:
+        def run(x: torch.Tensor, p: torch.Tensor, scale: torch.Tensor, seed: torch.Tensor | None) -> torch.Tensor:
+            return _kernel(x, p, variant, scale, seed)
+    else:
+        def run(x: torch.Tensor, p: torch.Tensor, seed: torch.Tensor | None) -> torch.Tensor:
+            return _kernel(x, p, variant, None, seed)
+    flags = "".join(f"_{name}" for name, on in zip(Variant._fields[1:], variant[1:]) if on)
+    return fused(renamed(run, f"quantize_{variant.rounding}{flags}{'_scaled' if scaled else ''}"))
 
 
-def _stochastic(x: torch.Tensor, p: torch.Tensor, seed: torch.Tensor | None) -> torch.Tensor:
-    return _kernel(x, p, "stochastic", None, seed)
-
-
-def _toward_zero(x: torch.Tensor, p: torch.Tensor, seed: torch.Tensor | None) -> torch.Tensor:
-    return _kernel(x, p, "toward_zero", None, None)
-
-
-def _nearest_scaled(x: torch.Tensor, p: torch.Tensor, scale: torch.Tensor, seed: torch.Tensor | None) -> torch.Tensor:
-    return _kernel(x, p, "nearest", scale, None)
-
-
-def _stochastic_scaled(x: torch.Tensor, p: torch.Tensor, scale: torch.Tensor,
-                       seed: torch.Tensor | None) -> torch.Tensor:
-    return _kernel(x, p, "stochastic", scale, seed)
-
-
-def _toward_zero_scaled(x: torch.Tensor, p: torch.Tensor, scale: torch.Tensor,
-                        seed: torch.Tensor | None) -> torch.Tensor:
-    return _kernel(x, p, "toward_zero", scale, None)
-
-
-_KERNELS = {
-    "nearest": fused(_nearest), "stochastic": fused(_stochastic), "toward_zero": fused(_toward_zero)}
-_KERNELS_SCALED = {
-    "nearest": fused(_nearest_scaled), "stochastic": fused(_stochastic_scaled),
-    "toward_zero": fused(_toward_zero_scaled)}
+_KERNELS: dict[tuple[Variant, bool], fused] = {}
 _PARAMS: dict[tuple[FloatFormat, str, str, torch.device], torch.Tensor] = {}
+
+
+def _kernel_for(variant: Variant, scaled: bool) -> fused:
+    fn = _KERNELS.get((variant, scaled))
+    if fn is None:
+        fn = _KERNELS[(variant, scaled)] = _build(variant, scaled)
+    return fn
 
 
 def check_modes(rounding: str, overflow: str) -> None:
@@ -245,12 +261,13 @@ def _run(x: torch.Tensor, fmt: FloatFormat, rounding: str, overflow: str, scale:
     s = None
     if rounding == "stochastic":
         s = seed if isinstance(seed, torch.Tensor) else draw_seed(x.device, generator, seed)
+    variant = kernel_variant(fmt, rounding, overflow)
     xr, sc = _as_rows(x, scale)
     with torch.no_grad():
         if sc is None:
-            out = _KERNELS[rounding](xr, p, s, compiled=compiled)
+            out = _kernel_for(variant, False)(xr, p, s, compiled=compiled)
         else:
-            out = _KERNELS_SCALED[rounding](xr, p, sc.to(torch.float32), s, compiled=compiled)
+            out = _kernel_for(variant, True)(xr, p, sc.to(torch.float32), s, compiled=compiled)
     return out.view(x.shape)
 
 
