@@ -111,9 +111,11 @@ def main(argv: list[str]) -> None:
             samples[i].append((w, c, cw, cc))
     clone_all = [s for row in samples for s in row]
     clone_ms = (statistics.median(s[2] for s in clone_all), statistics.median(s[3] for s in clone_all))
-    table: list[tuple[str, str, float, float, float, float]] = [("x.clone()", "-", *clone_ms, 1.0, 1.0)]
+    table: list[tuple[str, str, float, float, float, float, float]] = [
+        ("x.clone()", "-", *clone_ms, clone_ms[0], 1.0, 1.0)]
     for (label, mode, _fn), row in zip(rows, samples):
         table.append((label, mode, statistics.median(s[0] for s in row), statistics.median(s[1] for s in row),
+                      statistics.median(s[2] for s in row),
                       statistics.median(s[0] / s[2] for s in row), statistics.median(s[1] / s[3] for s in row)))
 
     print(f"quantize benchmark: {n:,} float32 elements (2^{args.log2n}) on {device}, "
@@ -122,15 +124,16 @@ def main(argv: list[str]) -> None:
     print("compile (first call, not in the table): "
           + ", ".join(f"{r} {s:.1f} s" for r, s in compile_s.items()))
     cpu = device.type == "cpu"
-    head = f"| {'what':<26} | {'rounding':<11} | {'ms':>8} | {'Gelem/s':>8} | {'x clone':>8} |"
-    rule = f"|{'-' * 28}|{'-' * 13}|{'-' * 10}|{'-' * 10}|{'-' * 10}|"
+    head = (f"| {'what':<26} | {'rounding':<11} | {'ms':>8} | {'Gelem/s':>8} | {'its clone ms':>12} "
+            f"| {'x clone':>8} |")
+    rule = f"|{'-' * 28}|{'-' * 13}|{'-' * 10}|{'-' * 10}|{'-' * 14}|{'-' * 10}|"
     if cpu:
         head += f" {'CPU ms':>8} | {'CPU x clone':>11} |"
         rule += f"{'-' * 10}|{'-' * 13}|"
     print(head)
     print(rule)
-    for label, mode, ms, cms, ratio, cratio in table:
-        line = f"| {label:<26} | {mode:<11} | {ms:8.2f} | {n / ms / 1e6:8.3f} | {ratio:7.2f}x |"
+    for label, mode, ms, cms, paired, ratio, cratio in table:
+        line = f"| {label:<26} | {mode:<11} | {ms:8.2f} | {n / ms / 1e6:8.3f} | {paired:12.2f} | {ratio:7.2f}x |"
         if cpu:
             line += f" {cms:8.2f} | {cratio:10.2f}x |"
         print(line)
@@ -138,7 +141,7 @@ def main(argv: list[str]) -> None:
     # between presets are mostly noise: the median over presets is the steadier figure per rounding mode.
     formats = set(args.formats.split(","))
     for rounding in args.roundings.split(","):
-        picked = [t for t in table if t[0] in formats and t[1] == rounding]
+        picked = [t[:4] + t[5:] for t in table if t[0] in formats and t[1] == rounding]
         summary = (f"median over presets, {rounding}: {statistics.median(t[4] for t in picked):.2f}x clone "
                    f"(worst {max(t[4] for t in picked):.2f}x)")
         print(summary + (f" (CPU time {statistics.median(t[5] for t in picked):.2f}x)" if cpu else ""))
