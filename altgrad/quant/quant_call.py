@@ -39,8 +39,7 @@ def _build(scale_fn: Callable, pow2: bool, reduce: str, block: int, variant: Var
         return quant_call_body(x, p, consts, seed, state, scale_fn, pow2, reduce, block, variant, with_stats)
 
     # A distinct code object per configuration, so each gets its own dynamo cache (see ``renamed``).
-    flags = "".join(f"_{name}" for name, on in zip(Variant._fields[1:], variant[1:]) if on)
-    name = f"quant_call_{scale_fn.__name__}_{variant.rounding}{flags}_{'stats' if with_stats else 'nostats'}"
+    name = f"quant_call_{scale_fn.__name__}_{variant.label}_{'stats' if with_stats else 'nostats'}"
     return fused(renamed(call, name))
 
 

@@ -59,6 +59,11 @@ class Variant(NamedTuple):
     saturates: bool  # overflow and ±Inf both clamp to ±max (a min instead of two selects)
     wide_quantum: bool  # 2^−(emin − M) exceeds 2^127: the subnormal scaling takes two multiplies
 
+    @property
+    def label(self) -> str:
+        """The rounding mode and the steps switched on, e.g. ``nearest_saturates`` (names compiled functions)."""
+        return self.rounding + "".join(f"_{name}" for name, on in zip(self._fields[1:], self[1:]) if on)
+
 
 def _f32_bits(v: float) -> int:
     """The float32 bit pattern of v as a signed int32 value (v must be exactly representable)."""
@@ -150,9 +155,10 @@ def _round_bits(xf: torch.Tensor, p: torch.Tensor, v: Variant, r: torch.Tensor |
         # round-to-nearest-even does the work, and even there means an even k = the even code.
         sub = ((a.view(torch.float32) + c) - c).view(torch.int32)
     else:
-        # y = |x| / q (< 2^M, exact: a power-of-two scaling), k = floor(y), plus one with probability frac(y)
-        # for stochastic rounding (u has 24 random bits, so frac(y) counts to 2^-24 of a quantum); then
-        # k·q is rebuilt exactly as (C's bits + k) − C.
+        # y = |x| / q (< 2^M; a power-of-two scaling, exact except that a quantum above 1 can push tiny |x|
+        # below float32's range, far under one quantum), k = floor(y), plus one with probability frac(y) for
+        # stochastic rounding (u has 24 random bits: frac(y) counts to 2^-24 of a quantum); then k·q is rebuilt
+        # exactly as (C's bits + k) − C.
         y = torch.minimum(a, p[_P_EMIN_BITS]).view(torch.float32) * p[_P_Y1].view(torch.float32)
         if v.wide_quantum:
             y = y * p[_P_Y2].view(torch.float32)
@@ -192,8 +198,7 @@ def _build(variant: Variant, scaled: bool) -> fused:
     else:
         def run(x: torch.Tensor, p: torch.Tensor, seed: torch.Tensor | None) -> torch.Tensor:
             return _kernel(x, p, variant, None, seed)
-    flags = "".join(f"_{name}" for name, on in zip(Variant._fields[1:], variant[1:]) if on)
-    return fused(renamed(run, f"quantize_{variant.rounding}{flags}{'_scaled' if scaled else ''}"))
+    return fused(renamed(run, f"quantize_{variant.label}{'_scaled' if scaled else ''}"))
 
 
 _KERNELS: dict[tuple[Variant, bool], fused] = {}

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from altgrad.quant import FloatFormat, get_format, list_formats, quantize
+from altgrad.quant.rounding import kernel_variant
 
 PRESETS = list_formats()
 
@@ -169,6 +170,7 @@ def neighbours(fmt: FloatFormat, x: torch.Tensor) -> tuple[torch.Tensor, torch.T
     ("e0m7", [0.5001, -0.3, 0.001]),
     ("p3109_p3", [1e-6, 7.7, -40000.0]),
     ("e5m2", [1e-7, 2.0**-16 * 0.25]),
+    ("bf16", [3e-40, -1e-44, 1.1]),  # quantum 2^-133: the subnormal scaling takes two multiplies
 ])
 def test_stochastic_is_unbiased_and_returns_only_neighbours(name: str, xs: list[float]) -> None:
     fmt = get_format(name)
@@ -212,3 +214,17 @@ def test_stochastic_draws_are_independent_across_elements_and_seeds() -> None:
         corr = float(torch.corrcoef(torch.stack([a, b]))[0, 1])
         assert abs(corr) < 4 / math.sqrt(len(a)) * 1.5
     assert abs(float(u1.mean()) - 0.5) < 4 * 0.5 / math.sqrt(len(u1))
+
+
+def test_kernel_variants_leave_out_only_steps_a_format_cannot_need() -> None:
+    v = kernel_variant(get_format("p3109_p1"), "nearest", "saturate")  # E7M0 with bias 64: odd 127 - bias
+    assert v.tie_flip and v.zero_sign and v.saturates and not v.wide_quantum
+    assert not kernel_variant(get_format("e7m0"), "nearest", "saturate").tie_flip  # bias 63: parities agree
+    assert not kernel_variant(get_format("e4m3"), "nearest", "saturate").zero_sign  # fn keeps -0
+    assert not kernel_variant(get_format("e5m2"), "nearest", "overflow").saturates  # overflow -> Inf
+    assert kernel_variant(get_format("e5m2"), "toward_zero", "overflow").saturates is False  # Inf input -> Inf
+    assert kernel_variant(get_format("bf16"), "toward_zero", "saturate").wide_quantum
+    assert not kernel_variant(get_format("bf16"), "nearest", "saturate").wide_quantum  # nearest adds C instead
+    variants = {kernel_variant(get_format(n), "nearest", "saturate") for n in list_formats()}
+    assert len(variants) == 3  # what the presets share: compiled kernels per rounding mode with saturate
+    assert kernel_variant(get_format("p3109_p1"), "nearest", "saturate").label == "nearest_tie_flip_zero_sign_saturates"
