@@ -29,7 +29,15 @@ def _sync(device: torch.device) -> None:
 
 
 def _time_once(fn: Callable[[], object], device: torch.device) -> tuple[float, float]:
-    """Wall-clock and process-CPU milliseconds of one call."""
+    """Wall-clock and process-CPU milliseconds of one call (on CUDA: device time between two events)."""
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        c0 = time.process_time()
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end), (time.process_time() - c0) * 1e3
     c0, t0 = time.process_time(), time.perf_counter()
     fn()
     _sync(device)
@@ -144,4 +152,11 @@ def main(argv: list[str]) -> None:
         ratios = [(t[5], t[6]) for t in table if t[0] in formats and t[1] == rounding]  # (wall, CPU) x clone
         summary = (f"median over presets, {rounding}: {statistics.median(w for w, _ in ratios):.2f}x clone "
                    f"(worst {max(w for w, _ in ratios):.2f}x)")
-        print(summary + (f" (CPU time {statistics.median(c for _, c in ratios):.2f}x)" if cpu else ""))
+        if cpu:
+            summary += f" (CPU time {statistics.median(c for _, c in ratios):.2f}x)"
+        else:  # same bytes read and written as the copy, so 1 / ratio is the share of its bandwidth
+            summary += (f"; bandwidth {100 / statistics.median(w for w, _ in ratios):.0f}% of the copy's "
+                        f"(lowest {100 / max(w for w, _ in ratios):.0f}%)")
+        print(summary)
+    if not cpu:
+        print(f"copy bandwidth (read + write): {2 * x.element_size() * n / clone_ms[0] / 1e6:.0f} GB/s")

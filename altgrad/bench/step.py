@@ -1,6 +1,7 @@
 """Train-step cost of fake quantization: the nano model with every Linear quantized vs. unquantized, one process.
 
-    python -m altgrad.bench step [--format e4m3] [--steps 30] [--no-compile]
+    python -m altgrad.bench step [--format e4m3] [--steps 30] [--no-compile] [--model nano] [--device cpu|cuda]
+                                 [--bf16] [--vocab 257]
 
 Each variant is a fresh copy of the same model (same seed); one step = forward + backward + AdamW step. Variants are
 timed in interleaved rounds so drift on a shared machine hits them alike; the table gives medians and the ratio of
@@ -25,26 +26,39 @@ from altgrad.model import GPT, GPTConfig
 CONF = Path(__file__).resolve().parents[2] / "conf"
 
 
-def nano_model(seed: int = 0) -> tuple[GPT, int]:
-    """The `model=nano` preset as a plain GPT, and its block size."""
-    cfg = OmegaConf.to_container(OmegaConf.load(CONF / "model" / "nano.yaml"), resolve=True)
+def nano_model(seed: int = 0, preset: str = "nano", vocab_size: int | None = None) -> tuple[GPT, int]:
+    """A `model=` preset (default nano) as a plain GPT, and its block size."""
+    path = CONF / "model" / f"{preset}.yaml"
+    if not path.is_file():
+        valid = sorted(p.stem for p in (CONF / "model").glob("*.yaml"))
+        raise SystemExit(f"--model={preset!r} is not a model preset; valid: {', '.join(valid)}")
+    cfg = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
     fields = {k: v for k, v in cfg.items() if k in GPTConfig.__dataclass_fields__ and v is not None}
+    if vocab_size is not None:
+        fields["vocab_size"] = vocab_size
     torch.manual_seed(seed)
     model = GPT(GPTConfig(**fields))
     return model, model.config.block_size
 
 
-def make_step(model: torch.nn.Module, compile_model: bool):
+def make_step(model: torch.nn.Module, compile_model: bool, bf16: bool = False):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     fwd = torch.compile(model) if compile_model else model
+    device = next(model.parameters()).device
 
     def step(idx: torch.Tensor) -> None:
         opt.zero_grad(set_to_none=True)
-        logits = fwd(idx)
-        F.cross_entropy(logits.flatten(0, 1), idx.flatten()).backward()
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+            logits = fwd(idx)
+        F.cross_entropy(logits.float().flatten(0, 1), idx.flatten()).backward()
         opt.step()
 
     return step
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def main(argv: list[str]) -> None:
@@ -54,10 +68,19 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile variants")
+    parser.add_argument("--model", default="nano", help="model preset of conf/model (default nano)")
+    parser.add_argument("--vocab", type=int, default=257, help="vocabulary size (257: the byte tokenizer)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--bf16", action="store_true", help="bf16 autocast around the forward (as trainer=gpu)")
     args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device=cuda: no CUDA GPU is visible; valid here: cpu")
 
-    base, block = nano_model()
+    base, block = nano_model(preset=args.model, vocab_size=args.vocab)
+    base.to(device)
     idx = torch.randint(0, base.config.vocab_size, (args.batch, block), generator=torch.Generator().manual_seed(0))
+    idx = idx.to(device)
     fmt_cfg = {"name": args.format, "grad": "e5m2", "scaling": {"kind": "tensor", "pow2": True}}
     variants: dict[str, object] = {}
     for compiled in ([False] if args.no_compile else [False, True]):
@@ -65,7 +88,7 @@ def main(argv: list[str]) -> None:
             model = copy.deepcopy(base)
             if quantized:
                 FakeQuantCallback(fmt_cfg, {"base_rules": []}).apply(model)
-            variants[(quantized, compiled)] = make_step(model, compiled)
+            variants[(quantized, compiled)] = make_step(model, compiled, args.bf16)
 
     for key, step in variants.items():  # warm-up (and compilation) outside the timed rounds
         for _ in range(args.warmup):
@@ -73,13 +96,18 @@ def main(argv: list[str]) -> None:
     times: dict[object, list[float]] = {k: [] for k in variants}
     for _ in range(args.steps):
         for key, step in variants.items():
+            _sync(device)
             t0 = time.perf_counter()
             step(idx)
+            _sync(device)
             times[key].append(time.perf_counter() - t0)
 
     n_params = sum(p.numel() for p in base.parameters())
-    print(f"nano model: {n_params / 1e6:.2f}M params, batch {args.batch}x{block} tokens, format {args.format} "
-          f"(weight+input) / e5m2 (grad), torch {torch.__version__}, {torch.get_num_threads()} threads")
+    where = (torch.cuda.get_device_name(device) if device.type == "cuda"
+             else f"{torch.get_num_threads()} threads")
+    print(f"{args.model} model: {n_params / 1e6:.2f}M params, batch {args.batch}x{block} tokens, format {args.format} "
+          f"(weight+input) / e5m2 (grad), {'bf16 autocast' if args.bf16 else 'float32'}, torch {torch.__version__}, "
+          f"{where}")
     print(f"{'variant':<28}{'median ms':>10}{'ratio':>8}")
     for (quantized, compiled), ts in times.items():
         med = statistics.median(ts)
