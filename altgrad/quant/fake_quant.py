@@ -23,12 +23,12 @@ class _FakeQuant(torch.autograd.Function):
     """quantize(x·s)/s forward; the gradient passes through unchanged."""
 
     @staticmethod
-    def forward(ctx, x, fmt, rounding, overflow, scale, seed):  # noqa: ANN001, ANN205 - autograd signature
-        return quantize_scaled(x, fmt, scale, rounding, overflow, seed=seed)
+    def forward(ctx, x, fmt, rounding, overflow, scale, seed, pow2):  # noqa: ANN001, ANN205 - autograd signature
+        return quantize_scaled(x, fmt, scale, rounding, overflow, seed=seed, scale_pow2=pow2)
 
     @staticmethod
     def backward(ctx, grad):  # noqa: ANN001, ANN205
-        return grad, None, None, None, None, None
+        return grad, None, None, None, None, None, None
 
 
 def _seed_for(spec: QuantSpec, x: torch.Tensor) -> torch.Tensor | None:
@@ -37,9 +37,10 @@ def _seed_for(spec: QuantSpec, x: torch.Tensor) -> torch.Tensor | None:
 
 def fake_quant(x: torch.Tensor, spec: QuantSpec, scale: torch.Tensor | None = None) -> torch.Tensor:
     """x on the grid {v / s} of ``spec`` (straight-through gradient); s from ``spec.scaling`` unless given."""
+    pow2 = False  # a scale given by the caller may be anything
     if scale is None:
-        scale = compute_scale(x, spec.format, spec.scaling)
-    return _FakeQuant.apply(x, spec.format, spec.rounding, spec.overflow, scale, _seed_for(spec, x))
+        scale, pow2 = compute_scale(x, spec.format, spec.scaling), spec.scaling.powers_of_two
+    return _FakeQuant.apply(x, spec.format, spec.rounding, spec.overflow, scale, _seed_for(spec, x), pow2)
 
 
 class _Straight(torch.autograd.Function):
@@ -84,7 +85,9 @@ class _QuantGrad(torch.autograd.Function):
         (seed,) = ctx.saved_tensors
         if owner is None:
             scale = compute_scale(grad, spec.format, spec.scaling)
-            return quantize_scaled(grad, spec.format, scale, spec.rounding, spec.overflow, seed=seed), None, None, None
+            gq = quantize_scaled(grad, spec.format, scale, spec.rounding, spec.overflow, seed=seed,
+                                 scale_pow2=spec.scaling.powers_of_two)
+            return gq, None, None, None
         seed = seed if spec.rounding == "stochastic" else None
         gq, stats, new = _fused_quantize(grad, spec, owner.scaler, seed, owner.track_stats)
         owner.scaler.load_state_(new)
@@ -151,7 +154,8 @@ class TensorQuantizer(nn.Module):
         rounding = rounding or spec.rounding
         scale = self._scale(w, update=False)
         seed = draw_seed(w.device, seed=seed) if rounding == "stochastic" else None
-        w.copy_(quantize_scaled(w, spec.format, scale, rounding, spec.overflow, seed=seed))
+        w.copy_(quantize_scaled(w, spec.format, scale, rounding, spec.overflow, seed=seed,
+                                scale_pow2=spec.scaling.powers_of_two))
         return w
 
     def stat_dict(self) -> dict[str, torch.Tensor]:

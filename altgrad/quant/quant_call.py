@@ -14,7 +14,7 @@ import torch
 
 from altgrad.quant.fused import fused, renamed
 from altgrad.quant.rounding import Variant, _kernel
-from altgrad.quant.scaling import C_MAX, C_MIN_NORMAL, State
+from altgrad.quant.scaling import C_MAX, C_MIN_NORMAL, State, block_scale
 from altgrad.quant.stats import stats_of
 
 _CALLS: dict[tuple, fused] = {}
@@ -25,7 +25,7 @@ def quant_call_body(x: torch.Tensor, p: torch.Tensor, consts: torch.Tensor, seed
                     with_stats: bool) -> tuple[torch.Tensor, torch.Tensor | None, State]:
     """The maths of one quantizer call (what every ``quant_call`` function runs); traceable as it is."""
     s, new = scale_fn(x, consts, state, pow2, reduce, block)
-    y = _kernel(x, p, variant, s, seed)
+    y = _kernel(x, p, variant, s, seed, scale_pow2=pow2 or scale_fn is block_scale)
     stats = None
     if with_stats:
         s_used = torch.ones((), dtype=torch.float32, device=x.device) if s is None else s

@@ -40,6 +40,7 @@ _INT_MIN = -(2**31)
 _ABS = 0x7FFFFFFF
 _INF = 0x7F800000
 _NAN = 0x7FC00000
+_INV_POW2_BITS = 254 << 23  # 1/2^k has biased exponent 254 − e(2^k): subtracting the bit patterns inverts 2^k
 
 # Parameter-tensor slots (int32), derived once per (format, rounding, overflow, device).
 _P_SHIFT, _P_LOW, _P_HALF, _P_LSB, _P_FLIP, _P_MAX, _P_OVF, _P_OVF_INF, _P_MAGIC, _P_EMIN_BITS, _P_Y1, _P_Y2 = \
@@ -179,33 +180,50 @@ def _round_bits(xf: torch.Tensor, p: torch.Tensor, v: Variant, r: torch.Tensor |
     return torch.where(a0 > _INF, _NAN, out).view(torch.float32)
 
 
+def unscale(q: torch.Tensor, scale: torch.Tensor, pow2: bool) -> torch.Tensor:
+    """q / scale rounded once to float32, on every backend (float32 q and scale).
+
+    Triton's float32 ``/`` is PTX div.full (up to 2 ulp off), so it is not used: a power-of-two scale (``pow2``:
+    2^k with |k| <= 126, as every scaler produces it) is undone by multiplying with its exact reciprocal, built
+    from the exponent bits; any other scale by a float64 division, which rounds to float32 correctly (53 >= 2·24 + 2
+    bits, so the double rounding is innocuous: Figueroa 1995). Both equal IEEE float32 division bit for bit.
+    """
+    if pow2:
+        inv = (_INV_POW2_BITS - scale.view(torch.int32)).view(torch.float32)  # 2^-k: biased exponent 254 − e
+        return q * inv
+    return (q.to(torch.float64) / scale.to(torch.float64)).to(torch.float32)
+
+
 def _kernel(x: torch.Tensor, p: torch.Tensor, variant: Variant, scale: torch.Tensor | None,
-            seed: torch.Tensor | None) -> torch.Tensor:
+            seed: torch.Tensor | None, scale_pow2: bool = False) -> torch.Tensor:
     xf = x.to(torch.float32)
     if scale is not None:
         xf = xf * scale
     r = random_bits(xf.shape, seed) if variant.rounding == "stochastic" else None
     q = _round_bits(xf, p, variant, r)
     if scale is not None:
-        q = q / scale
+        q = unscale(q, scale, scale_pow2)
     return q.to(x.dtype)
 
 
-def _build(variant: Variant, scaled: bool) -> fused:
-    if scaled:
+def _build(variant: Variant, scaled: str | None) -> fused:
+    if scaled is not None:
+        pow2 = scaled == "pow2"
+
         def run(x: torch.Tensor, p: torch.Tensor, scale: torch.Tensor, seed: torch.Tensor | None) -> torch.Tensor:
-            return _kernel(x, p, variant, scale, seed)
+            return _kernel(x, p, variant, scale, seed, pow2)
     else:
         def run(x: torch.Tensor, p: torch.Tensor, seed: torch.Tensor | None) -> torch.Tensor:
             return _kernel(x, p, variant, None, seed)
-    return fused(renamed(run, f"quantize_{variant.label}{'_scaled' if scaled else ''}"))
+    return fused(renamed(run, f"quantize_{variant.label}{'_scaled_' + scaled if scaled else ''}"))
 
 
-_KERNELS: dict[tuple[Variant, bool], fused] = {}
+_KERNELS: dict[tuple[Variant, str | None], fused] = {}
 _PARAMS: dict[tuple[FloatFormat, str, str, torch.device], torch.Tensor] = {}
 
 
-def _kernel_for(variant: Variant, scaled: bool) -> fused:
+def _kernel_for(variant: Variant, scaled: str | None) -> fused:
+    """The compiled kernel of ``variant``: unscaled (None), or with a ``"pow2"`` or ``"any"`` scale."""
     fn = _KERNELS.get((variant, scaled))
     if fn is None:
         fn = _KERNELS[(variant, scaled)] = _build(variant, scaled)
@@ -256,7 +274,8 @@ def _as_rows(x: torch.Tensor, scale: torch.Tensor | None) -> tuple[torch.Tensor,
 
 
 def _run(x: torch.Tensor, fmt: FloatFormat, rounding: str, overflow: str, scale: torch.Tensor | None,
-         generator: torch.Generator | None, seed: int | torch.Tensor | None, compiled: bool) -> torch.Tensor:
+         generator: torch.Generator | None, seed: int | torch.Tensor | None, compiled: bool,
+         scale_pow2: bool = False) -> torch.Tensor:
     if not isinstance(fmt, FloatFormat):
         raise ValueError(f"fmt must be a FloatFormat (see altgrad.quant.get_format), got {type(fmt).__name__}")
     check_modes(rounding, overflow)
@@ -270,9 +289,10 @@ def _run(x: torch.Tensor, fmt: FloatFormat, rounding: str, overflow: str, scale:
     xr, sc = _as_rows(x, scale)
     with torch.no_grad():
         if sc is None:
-            out = _kernel_for(variant, False)(xr, p, s, compiled=compiled)
+            out = _kernel_for(variant, None)(xr, p, s, compiled=compiled)
         else:
-            out = _kernel_for(variant, True)(xr, p, sc.to(torch.float32), s, compiled=compiled)
+            kind = "pow2" if scale_pow2 else "any"
+            out = _kernel_for(variant, kind)(xr, p, sc.to(torch.float32), s, compiled=compiled)
     return out.view(x.shape)
 
 
@@ -296,6 +316,11 @@ def quantize_eager(x: torch.Tensor, fmt: FloatFormat, rounding: str = "nearest",
 
 def quantize_scaled(x: torch.Tensor, fmt: FloatFormat, scale: torch.Tensor | None, rounding: str = "nearest",
                     overflow: str = "saturate", generator: torch.Generator | None = None,
-                    seed: int | torch.Tensor | None = None, compiled: bool = True) -> torch.Tensor:
-    """quantize(x·scale)/scale in one fused pass (``scale`` float32, broadcastable to x; None = 1)."""
-    return _run(x, fmt, rounding, overflow, scale, generator, seed, compiled=compiled)
+                    seed: int | torch.Tensor | None = None, compiled: bool = True,
+                    scale_pow2: bool = False) -> torch.Tensor:
+    """quantize(x·scale)/scale in one fused pass (``scale`` float32, broadcastable to x; None = 1).
+
+    ``scale_pow2=True`` promises every scale is a power of two in [2^-126, 2^126] (what pow2 and block scalers
+    give): the unscaling is then one exact multiply instead of a float64 division (see ``unscale``).
+    """
+    return _run(x, fmt, rounding, overflow, scale, generator, seed, compiled=compiled, scale_pow2=scale_pow2)

@@ -29,6 +29,12 @@ def finite_amax(x: torch.Tensor, dim: int | None = None) -> torch.Tensor:
     return a.amax(dim=dim, keepdim=True)
 
 
+def exact_reciprocal(a: torch.Tensor) -> torch.Tensor:
+    """1/a correctly rounded to float32 on every backend (Triton's float32 reciprocal is approximate; a float64
+    reciprocal rounded to float32 is exact: 53 >= 2·24 + 2 bits)."""
+    return torch.reciprocal(a.to(torch.float64)).to(torch.float32)
+
+
 def pow2_floor(s: torch.Tensor) -> torch.Tensor:
     """2^floor(log2 s) for positive normal float32 s (drops the mantissa bits)."""
     return (s.view(torch.int32) & 0x7F800000).view(torch.float32)
@@ -38,7 +44,7 @@ def scale_from_amax(fmt: FloatFormat, amax: torch.Tensor, prev: torch.Tensor | f
                     pow2: bool) -> torch.Tensor:
     """s = max / amax / 2^margin, with ``prev`` where amax is 0/Inf/NaN; finite, positive, optionally pow2."""
     valid = torch.isfinite(amax) & (amax > 0)
-    s = torch.where(valid, fmt.max / torch.where(valid, amax, 1.0), prev) * (2.0 ** -margin)
+    s = torch.where(valid, exact_reciprocal(torch.where(valid, amax, 1.0)) * fmt.max, prev) * (2.0 ** -margin)
     s = torch.clamp(torch.nan_to_num(s, nan=1.0, posinf=_S_MAX), _S_MIN, _S_MAX).to(torch.float32)
     return pow2_floor(s) if pow2 else s
 
@@ -64,7 +70,7 @@ def _scale_from(amax: torch.Tensor, consts: torch.Tensor, prev: torch.Tensor | f
     """scale_from_amax with the format's max and 2^-margin read from ``consts`` (bit for bit the same values:
     ``max / a`` on a tensor is ``reciprocal(a) * max``, and multiplying by a power of two rounds once)."""
     valid = torch.isfinite(amax) & (amax > 0)
-    s = torch.where(valid, torch.reciprocal(torch.where(valid, amax, 1.0)) * consts[C_MAX], prev) * consts[C_MARGIN]
+    s = torch.where(valid, exact_reciprocal(torch.where(valid, amax, 1.0)) * consts[C_MAX], prev) * consts[C_MARGIN]
     s = torch.clamp(torch.nan_to_num(s, nan=1.0, posinf=_S_MAX), _S_MIN, _S_MAX).to(torch.float32)
     return pow2_floor(s) if pow2 else s
 

@@ -44,6 +44,11 @@ class ScalingSpec:
         if not isinstance(self.pow2, bool):
             raise ValueError(f"scaling.pow2={self.pow2!r} is not valid; valid: true or false")
 
+    @property
+    def powers_of_two(self) -> bool:
+        """Whether every scale this spec produces is a power of two (``pow2``, and always for ``block``)."""
+        return self.pow2 or self.kind == "block"
+
 
 @dataclasses.dataclass(frozen=True)
 class QuantSpec:

@@ -32,9 +32,13 @@ def stats_of(x: torch.Tensor, y: torch.Tensor, scale: torch.Tensor, max_value: t
     ax = torch.where(finite, xf.abs(), 0.0)
     s = scale.to(torch.float32)
     n = max(xf.numel(), 1)
-    saturated = (ax * s > max_value).sum() / n
-    zero = ((ax > 0) & (yf == 0)).sum() / n
-    subnormal = ((yf != 0) & torch.isfinite(yf) & (yf.abs() * s < min_normal)).sum() / n
+
+    def frac(mask: torch.Tensor) -> torch.Tensor:  # count / n in float64: Triton's float32 division is approximate
+        return (mask.sum().to(torch.float64) / n).to(torch.float32)
+
+    saturated = frac(ax * s > max_value)
+    zero = frac((ax > 0) & (yf == 0))
+    subnormal = frac((yf != 0) & torch.isfinite(yf) & (yf.abs() * s < min_normal))
     nonfinite = (~finite).sum().to(torch.float32)
     amax = ax.amax() if xf.numel() else xf.new_zeros(())
     return torch.stack([saturated, zero, subnormal, nonfinite, amax, s.mean()]).to(torch.float32)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from altgrad.quant import QuantSpec, ScalingSpec, TensorQuantizer, get_format, make_scaler
-from altgrad.quant.scaling import compute_scale
+from altgrad.quant.scaling import compute_scale, pow2_floor
 
 E4M3 = get_format("e4m3")
 
@@ -145,3 +145,20 @@ def test_quant_spec_dict_round_trip() -> None:
         QuantSpec(E4M3, rounding="round")
     with pytest.raises(ValueError, match="FloatFormat"):
         QuantSpec("e4m3")  # type: ignore[arg-type]
+
+
+def test_unscale_and_reciprocal_equal_ieee_float32_division_bit_for_bit() -> None:
+    # What the kernels use instead of float32 '/' (approximate under Triton): same bits as IEEE division.
+    from altgrad.quant.rounding import unscale
+    from altgrad.quant.scaling import exact_reciprocal
+
+    gen = torch.Generator().manual_seed(11)
+    q = torch.randn(4096, generator=gen) * torch.exp2(torch.randint(-140, 120, (4096,), generator=gen).float())
+    q[:4] = torch.tensor([0.0, -0.0, float("inf"), float("nan")])
+    for s in (torch.exp2(torch.randint(-126, 127, (4096,), generator=gen).float()),  # powers of two, full range
+              torch.rand(4096, generator=gen) * torch.exp2(torch.randint(-60, 60, (4096,), generator=gen).float())):
+        pow2 = bool((s == pow2_floor(s)).all())
+        got, ref = unscale(q, s, pow2), q / s
+        assert torch.equal(got.view(torch.int32)[4:], ref.view(torch.int32)[4:]) and got[3].isnan()
+        assert torch.equal(got[:3].view(torch.int32), ref[:3].view(torch.int32))
+        assert torch.equal(exact_reciprocal(s).view(torch.int32), torch.reciprocal(s).view(torch.int32))
