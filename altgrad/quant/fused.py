@@ -31,6 +31,13 @@ def renamed(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
     return types.FunctionType(code, fn.__globals__, name, fn.__defaults__, fn.__closure__)
 
 
+# One shape-generic (dynamic) kernel serves tensors of every size, so Triton's pointwise autotuning, which benchmarks
+# launch configs on the first call's tensor only, would fit the block size to whatever came first (measured on an
+# H200: the same kernel at 2^28 elements ran 1.5x or 2.8x a copy depending on that). Inductor's size-independent
+# default config is used instead.
+_OPTIONS: dict[str, dict[str, Any]] = {"cuda": {"triton.autotune_pointwise": False}}
+
+
 class fused:  # noqa: N801 - used like a decorator/function
     """Callable wrapper: ``fused(fn)(*args, compiled=True)``; ``compiled=False`` runs the eager function."""
 
@@ -47,7 +54,8 @@ class fused:  # noqa: N801 - used like a decorator/function
             return self.fn(*args)
         cfn = self._compiled.get(device)
         if cfn is None:
-            cfn = self._compiled[device] = torch.compile(self.fn, dynamic=True, fullgraph=True)
+            cfn = self._compiled[device] = torch.compile(self.fn, dynamic=True, fullgraph=True,
+                                                         options=_OPTIONS.get(device))
         try:
             return cfn(*args)
         except Exception as err:  # noqa: BLE001 - any compiler failure means: use the eager function
