@@ -8,10 +8,13 @@ statistics in buffers.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import nn
 
 from altgrad.quant.format import get_format
+from altgrad.quant.fused import fused
 from altgrad.quant.quant_call import quant_call, quant_call_body
 from altgrad.quant.rounding import draw_seed, kernel_params, kernel_variant, quantize_scaled
 from altgrad.quant.scaling import Scaler, compute_scale, make_scaler, scale_consts
@@ -70,6 +73,42 @@ def _fused_quantize(x: torch.Tensor, spec: QuantSpec, scaler: Scaler, seed: torc
         return call(x.detach(), p, consts, seed, *scaler.state())
 
 
+class _Plan(NamedTuple):
+    """What one quantizer's eager-dispatched call needs, resolved once per (spec, device, stats, state writes)."""
+
+    key: tuple
+    call: fused
+    params: torch.Tensor
+    consts: torch.Tensor
+
+
+def _plan(owner: nn.Module, device: torch.device, writes: str) -> _Plan:
+    """The owner's cached call for this device (rebuilt when its spec, scaler, stats flag or mode changes)."""
+    spec, scaler = owner.spec, owner.scaler
+    key = (spec, type(scaler), device, owner.track_stats, writes)
+    plan = owner.__dict__.get("_plan")
+    if plan is not None and plan.key[0] is spec and plan.key[1:] == key[1:]:
+        return plan
+    sc = spec.scaling
+    variant = kernel_variant(spec.format, spec.rounding, spec.overflow)
+    call = quant_call(type(scaler).scale_fn, sc.pow2, sc.reduce, sc.block, variant, owner.track_stats, writes)
+    plan = _Plan(key, call, kernel_params(spec.format, spec.rounding, spec.overflow, device),
+                 scale_consts(spec.format, sc.margin, device))
+    owner.__dict__["_plan"] = plan  # a plain attribute (not state): never saved, rebuilt on demand
+    return plan
+
+
+def _quantize_into(owner: nn.Module, x: torch.Tensor, seed: torch.Tensor | None, update: bool) -> torch.Tensor:
+    """quantize(x·s)/s through the owner's fused call, which writes its scaler state (when ``update``) and its
+    statistics (when tracked) into the owner's buffers; eager dispatch only (not inside a traced region)."""
+    plan = _plan(owner, x.device, "state" if update else "keep")
+    buffers = owner.scaler.state()
+    if owner.track_stats:
+        buffers = (*buffers, owner.stats)
+    with torch.no_grad():
+        return plan.call(x.detach(), plan.params, plan.consts, seed, *buffers)
+
+
 class _QuantGrad(torch.autograd.Function):
     """Identity forward; backward returns the gradient quantized by ``spec`` (and lets ``owner`` record it)."""
 
@@ -89,6 +128,8 @@ class _QuantGrad(torch.autograd.Function):
                                  scale_pow2=spec.scaling.powers_of_two)
             return gq, None, None, None
         seed = seed if spec.rounding == "stochastic" else None
+        if not torch.compiler.is_compiling():
+            return _quantize_into(owner, grad, seed, update=True), None, None, None
         gq, stats, new = _fused_quantize(grad, spec, owner.scaler, seed, owner.track_stats)
         owner.scaler.load_state_(new)
         if stats is not None:
@@ -131,6 +172,8 @@ class TensorQuantizer(nn.Module):
         if not self.enabled:
             return x
         spec = self.spec
+        if not torch.compiler.is_compiling():
+            return _Straight.apply(x, _quantize_into(self, x, _seed_for(spec, x), update=self.training))
         y, stats, new = _fused_quantize(x, spec, self.scaler, _seed_for(spec, x), self.track_stats)
         if self.training:
             self.scaler.load_state_(new)

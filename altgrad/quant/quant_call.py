@@ -33,19 +33,45 @@ def quant_call_body(x: torch.Tensor, p: torch.Tensor, consts: torch.Tensor, seed
     return y, stats, new
 
 
-def _build(scale_fn: Callable, pow2: bool, reduce: str, block: int, variant: Variant, with_stats: bool) -> fused:
-    def call(x: torch.Tensor, p: torch.Tensor, consts: torch.Tensor, seed: torch.Tensor | None,
-             *state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, State]:
-        return quant_call_body(x, p, consts, seed, state, scale_fn, pow2, reduce, block, variant, with_stats)
+WRITES = (None, "state", "keep")
+
+
+def _build(scale_fn: Callable, pow2: bool, reduce: str, block: int, variant: Variant, with_stats: bool,
+           writes: str | None) -> fused:
+    if writes is None:
+        def call(x: torch.Tensor, p: torch.Tensor, consts: torch.Tensor, seed: torch.Tensor | None,
+                 *state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, State]:
+            return quant_call_body(x, p, consts, seed, state, scale_fn, pow2, reduce, block, variant, with_stats)
+    else:
+        # The quantizer's buffers are written inside the compiled graph (inductor stores into them in the same
+        # kernels), instead of returning new tensors for eager copies after the call: fewer ops per call.
+        def call(x: torch.Tensor, p: torch.Tensor, consts: torch.Tensor, seed: torch.Tensor | None,
+                 *buffers: torch.Tensor) -> torch.Tensor:
+            state, stats_out = (buffers[:-1], buffers[-1]) if with_stats else (buffers, None)
+            y, stats, new = quant_call_body(x, p, consts, seed, state, scale_fn, pow2, reduce, block, variant,
+                                            with_stats)
+            if writes == "state":
+                for buf, value in zip(state, new):
+                    buf.copy_(value)
+            if stats_out is not None:
+                stats_out.copy_(stats)
+            return y
 
     # A distinct code object per configuration, so each gets its own dynamo cache (see ``renamed``).
-    name = f"quant_call_{scale_fn.__name__}_{variant.label}_{'stats' if with_stats else 'nostats'}"
+    name = (f"quant_call_{scale_fn.__name__}_{variant.label}_{'stats' if with_stats else 'nostats'}"
+            + (f"_writes_{writes}" if writes else ""))
     return fused(renamed(call, name))
 
 
-def quant_call(scale_fn: Callable, pow2: bool, reduce: str, block: int, variant: Variant, with_stats: bool) -> fused:
-    """The fused function ``(x, kernel params, scale consts, seed, *state) -> (y, stats | None, new state)``."""
-    key = (scale_fn, pow2, reduce, block, variant, with_stats)
+def quant_call(scale_fn: Callable, pow2: bool, reduce: str, block: int, variant: Variant, with_stats: bool,
+               writes: str | None = None) -> fused:
+    """The fused function of one quantizer configuration.
+
+    ``writes=None``: ``(x, kernel params, scale consts, seed, *state) -> (y, stats | None, new state)``, pure.
+    ``writes="state"`` / ``"keep"``: ``(x, params, consts, seed, *state, [stats buffer]) -> y``, writing the new
+    scaler state (``"state"``; ``"keep"`` leaves it) and the statistics (when ``with_stats``) into those buffers.
+    """
+    key = (scale_fn, pow2, reduce, block, variant, with_stats, writes)
     fn = _CALLS.get(key)
     if fn is None:
         fn = _CALLS[key] = _build(*key)
