@@ -15,7 +15,7 @@ NAME ?= all
 RUN ?= $(lastword $(sort $(wildcard multirun/*/*)))
 
 .DEFAULT_GOAL := help
-.PHONY: install train test test-slow sweep report bench evidence-cpu lint clean help
+.PHONY: install train test test-slow test-gpu bench-gpu sweep report bench evidence-cpu lint clean help
 
 # torch goes in first, pinned to the CPU build: a looser spec would pull the multi-GB CUDA wheels.
 $(STAMP): pyproject.toml
@@ -34,6 +34,13 @@ test: $(STAMP) ## run the test suite (slow end-to-end tests excluded)
 
 test-slow: $(STAMP) ## run only the slow tests (full default run, torch.compile, ...)
 	$(BIN)/python -m pytest -q -m slow $(ARGS)
+
+test-gpu: ## on a CUDA machine (its own torch): CUDA kernels and quantizers vs the CPU reference, bit for bit
+	python3 -m pytest -q -p no:cacheprovider tests/gpu $(ARGS)
+
+bench-gpu: ## on a CUDA machine: quantize at 2^28 vs a device copy, and the 50M model's train step (bf16)
+	python3 -m altgrad.bench quantize --device cuda --log2n 28 --repeats 9
+	python3 -m altgrad.bench step --device cuda --model gpt_50m --vocab 50257 --bf16 --steps 20
 
 sweep: $(STAMP) ## multirun an experiment: make sweep EXP=seeds ARGS='trainer.max_steps=100'
 	$(BIN)/python -m altgrad.train -m experiment=$(EXP) $(ARGS)

@@ -15,7 +15,7 @@ from torch import nn
 
 from altgrad.quant.format import get_format
 from altgrad.quant.fused import fused
-from altgrad.quant.quant_call import quant_call, quant_call_body
+from altgrad.quant.quant_call import quant_call, quant_call_body, quant_call_many
 from altgrad.quant.rounding import draw_seed, kernel_params, kernel_variant, quantize_scaled
 from altgrad.quant.scaling import Scaler, compute_scale, make_scaler, scale_consts
 from altgrad.quant.spec import QuantSpec
@@ -107,6 +107,55 @@ def _quantize_into(owner: nn.Module, x: torch.Tensor, seed: torch.Tensor | None,
         buffers = (*buffers, owner.stats)
     with torch.no_grad():
         return plan.call(x.detach(), plan.params, plan.consts, seed, *buffers)
+
+
+class _StraightMany(torch.autograd.Function):
+    """``_Straight`` for n pairs at once: (x1..xn, y1..yn) -> (y1..yn), each gradient passed to its x."""
+
+    @staticmethod
+    def forward(ctx, *xs_and_ys):  # noqa: ANN002, ANN205
+        n = len(xs_and_ys) // 2
+        ctx.n = n
+        return xs_and_ys[n:]
+
+    @staticmethod
+    def backward(ctx, *grads):  # noqa: ANN002, ANN205
+        return (*grads, *([None] * ctx.n))
+
+
+def quantize_many(pairs: list[tuple[TensorQuantizer, torch.Tensor]]) -> list[torch.Tensor]:
+    """``q(x)`` for every (TensorQuantizer, x) pair, with one fused dispatch per configuration instead of one per
+    tensor (same values, scaler states and statistics as separate calls; stochastic seeds are drawn in pair order).
+    Eager dispatch only: inside a traced region call the quantizers themselves."""
+    out: list[torch.Tensor | None] = [None] * len(pairs)
+    groups: dict[tuple, list[int]] = {}
+    for i, (q, x) in enumerate(pairs):
+        if not q.enabled:
+            out[i] = x
+            continue
+        groups.setdefault((q.spec, type(q.scaler), x.device, q.track_stats, q.training), []).append(i)
+    for (spec, scaler_type, device, with_stats, training), idx in groups.items():
+        if len(idx) == 1:
+            q, x = pairs[idx[0]]
+            out[idx[0]] = q(x)
+            continue
+        sc = spec.scaling
+        n_state = len(pairs[idx[0]][0].scaler.state())
+        call = quant_call_many(scaler_type.scale_fn, sc.pow2, sc.reduce, sc.block,
+                               kernel_variant(spec.format, spec.rounding, spec.overflow), with_stats,
+                               "state" if training else "keep", n_state, len(idx))
+        flat: list[torch.Tensor | None] = []
+        for i in idx:
+            q, x = pairs[i]
+            flat += [x.detach(), _seed_for(spec, x), *q.scaler.state()]
+            if with_stats:
+                flat.append(q.stats)
+        with torch.no_grad():
+            ys = call(kernel_params(spec.format, spec.rounding, spec.overflow, device),
+                      scale_consts(spec.format, sc.margin, device), *flat)
+        for i, y in zip(idx, _StraightMany.apply(*(pairs[i][1] for i in idx), *ys)):
+            out[i] = y
+    return out
 
 
 class _QuantGrad(torch.autograd.Function):

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from altgrad.quant.fake_quant import GradQuantizer, TensorQuantizer
+from altgrad.quant.fake_quant import GradQuantizer, TensorQuantizer, quantize_many
 from altgrad.quant.spec import QuantSpec
 
 
@@ -42,7 +42,9 @@ class QuantLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.input_q is not None:
             x = self.input_q(x)
-        w = self.weight_q(self.weight) if self.weight_q is not None else self.weight
+        w = self.__dict__.pop("_wq", None)  # quantized ahead by the model's WeightBatch hook (eager dispatch)
+        if w is None:
+            w = self.weight_q(self.weight) if self.weight_q is not None else self.weight
         y = F.linear(x, w, self.bias)
         if self.grad_q is not None:
             y = self.grad_q(y)
@@ -75,6 +77,26 @@ def weight_grids(model: nn.Module) -> dict[nn.Parameter, TensorQuantizer]:
     return {m.weight: m.weight_q for _, m in iter_quant_linears(model) if m.weight_q is not None}
 
 
+class WeightBatch:
+    """Forward pre-hook of the quantized model: quantizes the weights of all its QuantLinears up front, one fused
+    dispatch per weight configuration instead of one per layer (weights do not change within a forward pass), and
+    hands each layer its quantized weight. Inside a traced region (torch.compile) it does nothing: there the
+    layers' own calls are fused into the model's graph anyway."""
+
+    def __init__(self, layers: list[QuantLinear]) -> None:
+        self.layers = [m for m in layers if m.weight_q is not None]
+
+    def __call__(self, module: nn.Module, args: object) -> None:
+        if torch.compiler.is_compiling() or len(self.layers) < 2:
+            return
+        ys = quantize_many([(m.weight_q, m.weight) for m in self.layers])
+        for m, y in zip(self.layers, ys):
+            if m.weight_q.enabled:
+                m.__dict__["_wq"] = y  # a plain attribute, consumed (popped) by the layer's forward
+            else:
+                m.__dict__.pop("_wq", None)
+
+
 def quantize_linears(model: nn.Module, resolved: Mapping[str, "ResolvedLayer"]) -> dict[str, QuantLinear]:  # noqa: F821
     """Swap each nn.Linear named in ``resolved`` for a QuantLinear with its specs (in place; returns the new ones).
 
@@ -93,4 +115,6 @@ def quantize_linears(model: nn.Module, resolved: Mapping[str, "ResolvedLayer"]) 
         ql.to(device=module.weight.device)
         setattr(parent, child, ql)
         swapped[name] = ql
+    if swapped:
+        model.register_forward_pre_hook(WeightBatch(list(swapped.values())))
     return swapped

@@ -76,3 +76,42 @@ def quant_call(scale_fn: Callable, pow2: bool, reduce: str, block: int, variant:
     if fn is None:
         fn = _CALLS[key] = _build(*key)
     return fn
+
+
+_MANY: dict[tuple, fused] = {}
+
+
+def _build_many(scale_fn: Callable, pow2: bool, reduce: str, block: int, variant: Variant, with_stats: bool,
+                writes: str, n_state: int, n: int) -> fused:
+    per = 2 + n_state + int(with_stats)  # x, seed, scaler state..., [stats buffer]
+
+    def call(p: torch.Tensor, consts: torch.Tensor, *flat: torch.Tensor | None) -> list[torch.Tensor]:
+        ys = []
+        for i in range(n):  # unrolled when traced: one graph, one dispatch, a kernel (or a few) per tensor
+            x, seed, *bufs = flat[i * per:(i + 1) * per]
+            state, stats_out = (bufs[:n_state], bufs[n_state] if with_stats else None)
+            y, stats, new = quant_call_body(x, p, consts, seed, tuple(state), scale_fn, pow2, reduce, block,
+                                            variant, with_stats)
+            if writes == "state":
+                for buf, value in zip(state, new):
+                    buf.copy_(value)
+            if stats_out is not None:
+                stats_out.copy_(stats)
+            ys.append(y)
+        return ys
+
+    name = (f"quant_many{n}_{scale_fn.__name__}_{variant.label}_{'stats' if with_stats else 'nostats'}"
+            f"_writes_{writes}")
+    return fused(renamed(call, name))
+
+
+def quant_call_many(scale_fn: Callable, pow2: bool, reduce: str, block: int, variant: Variant, with_stats: bool,
+                    writes: str, n_state: int, n: int) -> fused:
+    """One fused call for n tensors of one configuration, each with its own scale, scaler state and statistics:
+    ``(params, consts, x1, seed1, *state1, [stats1], x2, ...) -> [y1, y2, ...]``, buffers written as in
+    ``quant_call(..., writes)``. Weights of the same format are quantized this way, one dispatch per step."""
+    key = (scale_fn, pow2, reduce, block, variant, with_stats, writes, n_state, n)
+    fn = _MANY.get(key)
+    if fn is None:
+        fn = _MANY[key] = _build_many(*key)
+    return fn
