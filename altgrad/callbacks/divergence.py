@@ -172,7 +172,11 @@ class DivergenceCallback(L.Callback):
             self._delayed = [q for q in self._quantizers if q.spec.scaling.kind == "delayed"]
 
     def _stats_recorded(self) -> bool:
-        """Whether this step's passes write the statistics (every quantizer's ``track_stats`` on)."""
+        """Whether this step's passes write the statistics (every quantizer's ``track_stats`` on): the switch's
+        StatsRecord says so without a loop over the quantizers; without a switch the flags are read."""
+        record = self._quantizers[0].stats_record if self._quantizers else None
+        if record is not None and record.on is not None:
+            return record.on
         return all(q.track_stats for q in self._quantizers)
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,

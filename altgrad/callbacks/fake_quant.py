@@ -13,7 +13,8 @@ iff one does (the flags are only written when that answer changes). Validation a
 off (no consumer reads validation statistics; the buffers keep the last training step's). After training they are
 on again, the quantizers' default. ``stats_step`` of every quantizer (a shared StatsRecord) names the training step
 the buffers are from. A torch.compiled backbone gets one graph per setting (two; dynamo guards on the flag).
-``stats="always"`` never touches the flags (every call records, as without this callback).
+``stats="always"`` never touches the flags (every call records, as without this callback). This callback comes
+first (train() puts it there), so the other callbacks' ``on_train_batch_start`` already sees the step's flags.
 """
 
 from __future__ import annotations
@@ -169,7 +170,7 @@ class FakeQuantCallback(L.Callback):
             set_track_stats(quantizers, on, self.record)
         elif on != self._stats_on:
             set_track_stats(quantizers, on)
-        self._stats_on = on
+        self._stats_on = self.record.on = on
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._quantizers = None  # the backbone's quantizers, collected again for this fit

@@ -119,12 +119,14 @@ class StatsRecord:
 
     ``step``: ``trainer.global_step`` at the start of the last training batch whose forward and backward ran with
     ``track_stats`` on (None: none yet). Within that batch's hooks the stats are current; after it they are stale.
+    ``on``: the ``track_stats`` the switch last gave every quantizer (None: not set yet), readable without a loop.
     """
 
-    __slots__ = ("step",)
+    __slots__ = ("on", "step")
 
     def __init__(self) -> None:
         self.step: int | None = None
+        self.on: bool | None = None
 
 
 def set_track_stats(quantizers: Iterable[nn.Module], on: bool, record: StatsRecord | None = None) -> None:

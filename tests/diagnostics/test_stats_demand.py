@@ -49,7 +49,10 @@ class FlagProbe(L.Callback):
         self.val: list[bool | None] = []
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        self.train.append((trainer.global_step, flags(pl_module.model)))
+        on = flags(pl_module.model)
+        record = quantizers(pl_module.model)[0].stats_record
+        assert record is None or record.on == on  # the switch's record says what the flags are
+        self.train.append((trainer.global_step, on))
 
     def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
         self.val.append(flags(pl_module.model))
