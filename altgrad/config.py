@@ -253,10 +253,12 @@ class LayerMapSchema:
 class QuantSchema:
     master: str = "fp32"
     storage_rounding: str = "nearest"
+    stats: str = "demand"
 
     def __post_init__(self) -> None:
         _choice("quant.master", self.master, ("fp32", "none"))
         _choice("quant.storage_rounding", self.storage_rounding, ("nearest", "stochastic"))
+        _choice("quant.stats", self.stats, ("demand", "always"))
 
 
 @dataclass

@@ -63,8 +63,10 @@ def build_callbacks(cfg: DictConfig, run_dir: Path) -> list[L.Callback]:
 
     # Quantization surgery comes first: every other callback sees the quantized model, and (master=none) the
     # weights are back on their grid before any instrument reads them after a step.
+    # It also switches the quantizers' statistics on for the steps where a callback reads them (quant.stats=demand).
     quant = FakeQuantCallback(cfg.format, cfg.layer_map, master=cfg.quant.master,
-                              storage_rounding=cfg.quant.storage_rounding, seed=cfg.seed, run_dir=run_dir)
+                              storage_rounding=cfg.quant.storage_rounding, seed=cfg.seed, run_dir=run_dir,
+                              stats=cfg.quant.get("stats", "demand"))
     callbacks = [quant, FingerprintCallback(), *_instantiate_mapping(cfg.get("callbacks"))]
     callbacks.append(LastCheckpoint(run_dir / "checkpoints", cfg.trainer.checkpoint_every_n_steps))
     if not any(isinstance(c, ProgressBar) for c in callbacks):

@@ -99,7 +99,7 @@ def build(option: str, fmt: str, steps: int, run_dir: Path) -> tuple[Any, list[A
         fq = FakeQuantCallback(OmegaConf.to_container(cfg.format, resolve=True),
                                OmegaConf.to_container(cfg.layer_map, resolve=True),
                                master=cfg.quant.master, storage_rounding=cfg.quant.storage_rounding,
-                               seed=int(cfg.seed), run_dir=run_dir)
+                               seed=int(cfg.seed), run_dir=run_dir, stats=cfg.quant.get("stats", "demand"))
         callbacks.insert(0, fq)
     return module, callbacks, int(cfg.data.batch_size)
 

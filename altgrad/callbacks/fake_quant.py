@@ -1,7 +1,20 @@
-"""FakeQuantCallback: model surgery (nn.Linear → QuantLinear per the LayerMap) and the weight-storage policy.
+"""FakeQuantCallback: model surgery (nn.Linear → QuantLinear per the LayerMap), the weight-storage policy, and when
+the quantizers compute their statistics.
 
 Surgery happens in ``setup``, which Lightning calls before checkpoint weights are restored, before
 ``configure_optimizers`` and before any ``torch.compile`` of the backbone, so all of them see the quantized model.
+
+Statistics on demand (``stats="demand"``, the default; ``quant.stats`` in the run config): the per-call statistics
+of every TensorQuantizer/GradQuantizer (saturated, flushed, subnormal fractions, NaN/Inf count, amax, scale) cost
+about as much as the quantization, and most steps nobody reads them. At every ``on_train_batch_start`` (before the
+forward) this callback asks every callback of the trainer that has a ``needs_quant_stats(trainer) -> bool`` method
+whether it reads them in the step that starts now, and turns ``track_stats`` of every quantizer of the backbone on
+iff one does (the flags are only written when that answer changes). Validation and the sanity check run with them
+off (no consumer reads validation statistics; the buffers keep the last training step's). After training they are
+on again, the quantizers' default. ``stats_step`` of every quantizer (a shared StatsRecord) names the training step
+the buffers are from. A torch.compiled backbone gets one graph per setting (two; dynamo guards on the flag).
+``stats="always"`` never touches the flags (every call records, as without this callback). This callback comes
+first (train() puts it there), so the other callbacks' ``on_train_batch_start`` already sees the step's flags.
 """
 
 from __future__ import annotations
@@ -17,6 +30,7 @@ import lightning as L
 import torch
 from torch import nn
 
+from altgrad.quant.fake_quant import GradQuantizer, StatsRecord, TensorQuantizer, set_track_stats
 from altgrad.quant.layer_map import LayerMap, ResolvedLayer
 from altgrad.quant.layers import iter_quant_linears, quantize_linears
 
@@ -24,6 +38,21 @@ log = logging.getLogger(__name__)
 
 MASTER_POLICIES = ("fp32", "none")
 STORAGE_ROUNDINGS = ("nearest", "stochastic")
+STATS_POLICIES = ("demand", "always")
+
+
+def needs_quant_stats(trainer: L.Trainer) -> bool:
+    """Whether any callback of ``trainer`` reads quantizer statistics in the training step that starts now.
+
+    The protocol: a callback that reads ``stats`` (or ``stat_dict()``) of the quantizers during a training step
+    defines ``needs_quant_stats(trainer) -> bool``, answered at ``on_train_batch_start`` before its own hooks of that
+    batch ran (``trainer.global_step`` = optimizer steps done so far; the batch completes step global_step + 1).
+    """
+    for cb in trainer.callbacks:
+        fn = getattr(cb, "needs_quant_stats", None)
+        if callable(fn) and fn(trainer):
+            return True
+    return False
 
 
 def precision_table(resolved: Mapping[str, ResolvedLayer]) -> str:
@@ -55,18 +84,26 @@ class FakeQuantCallback(L.Callback):
         storage_rounding: str = "nearest",
         seed: int = 0,
         run_dir: str | os.PathLike | None = None,
+        stats: str = "demand",
     ) -> None:
         if master not in MASTER_POLICIES:
             raise ValueError(f"quant.master={master!r} is not valid; valid: {', '.join(MASTER_POLICIES)}")
         if storage_rounding not in STORAGE_ROUNDINGS:
             raise ValueError(f"quant.storage_rounding={storage_rounding!r} is not valid; valid: "
                              f"{', '.join(STORAGE_ROUNDINGS)}")
+        if stats not in STATS_POLICIES:
+            raise ValueError(f"quant.stats={stats!r} is not valid; valid: {', '.join(STATS_POLICIES)}")
         self.layer_map = LayerMap.from_config(layer_map_cfg, format_cfg)
         self.master = master
         self.storage_rounding = storage_rounding
         self.seed = int(seed)
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.resolved: dict[str, ResolvedLayer] = {}
+        self.stats = stats
+        self.record = StatsRecord()
+        self._quantizers: list[nn.Module] | None = None
+        self._stats_on: bool | None = None  # the flags as this callback last set them (None: not yet)
+        self._before_validation: bool | None = None
 
     # -- surgery -------------------------------------------------------------------------------------------------
     def apply(self, model: nn.Module) -> dict[str, ResolvedLayer]:
@@ -114,12 +151,54 @@ class FakeQuantCallback(L.Callback):
             seed = (self.seed * 1_000_003 + step * 7919 + index) & 0x7FFFFFFF
             ql.weight_q.project_(ql.weight, rounding, seed=seed)
 
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self.master == "none":
-            # initial weights onto the grid; idempotent for weights already there (resume)
-            self.project_weights(pl_module.model, trainer.global_step, rounding="nearest")
-
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         if self.master == "none":
             self.project_weights(pl_module.model, trainer.global_step)
+
+    # -- statistics on demand ------------------------------------------------------------------------------------
+    def _collect(self, pl_module: L.LightningModule) -> list[nn.Module]:
+        if self._quantizers is None:
+            self._quantizers = [m for m in pl_module.model.modules() if isinstance(m, (TensorQuantizer, GradQuantizer))]
+            self._stats_on = None  # written (with the shared record) at the next set_stats
+        return self._quantizers
+
+    def set_stats(self, pl_module: L.LightningModule, on: bool) -> None:
+        """Every quantizer's ``track_stats`` = on (written only when it differs from what this callback last set)."""
+        quantizers = self._collect(pl_module)
+        if self._stats_on is None:
+            set_track_stats(quantizers, on, self.record)
+        elif on != self._stats_on:
+            set_track_stats(quantizers, on)
+        self._stats_on = self.record.on = on
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._quantizers = None  # the backbone's quantizers, collected again for this fit
+        if self.master == "none":
+            # initial weights onto the grid; idempotent for weights already there (resume)
+            self.project_weights(pl_module.model, trainer.global_step, rounding="nearest")
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,
+                             batch_idx: int) -> None:
+        if self.stats != "demand" or not self._collect(pl_module):
+            return
+        on = needs_quant_stats(trainer)
+        self.set_stats(pl_module, on)
+        if on:
+            self.record.step = trainer.global_step
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.stats != "demand":
+            return
+        self._before_validation = self._stats_on
+        self.set_stats(pl_module, False)
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.stats != "demand":
+            return
+        before, self._before_validation = self._before_validation, None
+        self.set_stats(pl_module, True if before is None else before)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.stats == "demand" and self._quantizers is not None:
+            self.set_stats(pl_module, True)  # the quantizers' default again, for whatever uses the model next

@@ -58,6 +58,15 @@ class FallbackCallback(L.Callback):
         self._done: set[tuple[str, str, str]] = set()
         self.events: list[dict[str, Any]] = []
 
+    def needs_quant_stats(self, trainer: L.Trainer) -> bool:
+        """Statistics are read at the end of batches where ``global_step % check_every_n_steps == 0``: the batch that
+        completes such a step; with gradient accumulation also the micro-batches of the step after one (their
+        ``global_step`` at the end has not advanced)."""
+        if not self.enabled or trainer.sanity_checking:
+            return False
+        step, n = trainer.global_step, self.check_every_n_steps
+        return (step + 1) % n == 0 or (trainer.accumulate_grad_batches > 1 and step % n == 0)
+
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         if not self.enabled or trainer.sanity_checking or trainer.global_step % self.check_every_n_steps != 0:

@@ -2,8 +2,9 @@
 
 Per step and tensor, vectorised and without host syncs: the weight before the step and after it (once
 FakeQuantCallback has applied the storage policy; it runs first) are both quantized on the grid the step's forward
-used (the scale the weight quantizer recorded; computed afresh for channel/block scaling) and compared; the intended
-update is the optimizer's own change of the stored weight, read by an optimizer step post-hook before any snapping.
+used (the scale the weight quantizer's scaler kept, so no statistics are needed; computed afresh for channel/block
+scaling) and compared; the intended update is the optimizer's own change of the stored weight, read by an optimizer
+step post-hook before any snapping.
 Tensors that share a format are handled together: their tracked weights are concatenated, each side is quantized
 by the quantizers' own fused kernel with a per-element scale, and the per-tensor counting is one fused kernel
 (under ALTGRAD_COMPILE, like the quantizers): a handful of kernels per step for the whole model.
@@ -28,12 +29,11 @@ import torch
 
 from altgrad.callbacks.base import Instrument, backbone, mean, metric_name, quantized_weights
 from altgrad.diagnostics import ema_debiased, ema_update, segment_flip_counts, stall_ratio
-from altgrad.quant import STAT_NAMES, quantize_scaled
+from altgrad.quant import quantize_scaled
+from altgrad.quant.fake_quant import kept_scale
 from altgrad.quant.fused import fused
 from altgrad.quant.layers import QuantLinear
 
-_SCALE = STAT_NAMES.index("scale")
-_RECORDED_SCALE = ("tensor", "delayed")  # one scale per tensor, recorded in stats by this step's forward
 _fused_counts = fused(segment_flip_counts)
 
 
@@ -54,15 +54,13 @@ class _Tracked:
         return w.reshape(-1) if self.index is None else w.reshape(-1)[self.index]
 
     def scale(self, w: torch.Tensor) -> torch.Tensor:
-        """The scale of this step's forward for each tracked weight (recorded in stats for one-scale kinds)."""
+        """The scale of this step's forward for each tracked weight (kept by the scaler for one-scale kinds)."""
         q = self.layer.weight_q
-        kind = q.spec.scaling.kind
-        if kind == "none":
-            s = torch.ones((), dtype=torch.float32, device=w.device)
-        elif kind in _RECORDED_SCALE and q.track_stats:
-            s = q.stats[_SCALE].detach()
-        else:
+        s = kept_scale(q)
+        if s is None:
             s = q.scale_for(w).detach().float()
+        else:
+            s = s.detach().to(w.device)
         if s.numel() == 1:
             return s.reshape(1).expand(self.size)
         return self.select(torch.broadcast_to(s, w.shape))

@@ -1,7 +1,8 @@
 """Numerical stability per quantized tensor role: saturation, flush-to-zero, subnormals, NaN/Inf, amax, scale.
 
-Reads the ``stats`` buffer every TensorQuantizer/GradQuantizer refreshes on each call (no hooks, no syncs in the
-step); adds dynamic-range use of each quantized weight: the octaves its magnitudes span over the format's octaves.
+Reads the ``stats`` buffer every TensorQuantizer/GradQuantizer refreshes on each call with ``track_stats`` on (no
+hooks, no syncs in the step; ``needs_quant_stats`` asks for them on the due steps only); adds dynamic-range use of
+each quantized weight: the octaves its magnitudes span over the format's octaves.
 """
 
 from __future__ import annotations
@@ -25,6 +26,10 @@ class StabilityCallback(Instrument):
         super().__init__(every_n_steps)
         self.range_use = range_use
         self._max: dict[str, float] = {}
+
+    def needs_quant_stats(self, trainer: L.Trainer) -> bool:
+        """Statistics are read on the due steps (what ``_due`` will be for the batch that starts now)."""
+        return not trainer.sanity_checking and self.due_at(trainer.global_step + 1)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:

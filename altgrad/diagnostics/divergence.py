@@ -28,6 +28,12 @@ class DivergenceDetector:
     def diverged(self) -> bool:
         return self.reason is not None
 
+    def would_diverge(self, loss: float) -> bool:
+        """Whether ``update(loss)`` would report divergence now (nothing changes)."""
+        if self.reason is not None or not math.isfinite(loss):
+            return True
+        return loss > self.factor * self.running_min and self.over + 1 >= self.patience
+
     def update(self, loss: float) -> str | None:
         """Feed this step's loss; returns the divergence reason (also kept in ``reason``) or None."""
         if self.reason is not None:

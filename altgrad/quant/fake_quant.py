@@ -4,10 +4,16 @@
 ``quant_grad``: forward identity, backward quantizes the incoming gradient (what a low-precision backward GEMM
 would consume). TensorQuantizer and GradQuantizer are the nn.Module forms that keep scaler state and per-call
 statistics in buffers.
+
+Statistics cost about as much as the quantization itself, so they are computed only while ``track_stats`` is on
+(the default). When it is off, ``stats`` keeps the values of the last call that recorded them; a switch that turns
+``track_stats`` on and off per training step (FakeQuantCallback, ``quant.stats=demand``) gives every quantizer a
+shared StatsRecord, and ``stats_step`` then says which step those values are from.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import NamedTuple
 
 import torch
@@ -197,10 +203,59 @@ def quant_grad(x: torch.Tensor, spec: QuantSpec | None = None) -> torch.Tensor:
     return _QuantGrad.apply(x, spec, seed if seed is not None else x.new_zeros((), dtype=torch.int32), None)
 
 
-class TensorQuantizer(nn.Module):
+class StatsRecord:
+    """When the quantizers of one model last recorded statistics; shared by all of them, written by the switch.
+
+    ``step``: ``trainer.global_step`` at the start of the last training batch whose forward and backward ran with
+    ``track_stats`` on (None: none yet). Within that batch's hooks the stats are current; after it they are stale.
+    ``on``: the ``track_stats`` the switch last gave every quantizer (None: not set yet), readable without a loop.
+    """
+
+    __slots__ = ("on", "step")
+
+    def __init__(self) -> None:
+        self.step: int | None = None
+        self.on: bool | None = None
+
+
+def set_track_stats(quantizers: Iterable[nn.Module], on: bool, record: StatsRecord | None = None) -> None:
+    """``track_stats = on`` for every quantizer (and ``stats_record = record`` when one is given)."""
+    for q in quantizers:
+        q.track_stats = on
+        if record is not None:
+            q.stats_record = record
+
+
+def kept_scale(q: nn.Module) -> torch.Tensor | None:
+    """The scale q's last call used, where it is known without statistics: the scaler's ``scale`` buffer for one-scale
+    kinds (tensor, delayed: the scaler stores the scale it returns; a TensorQuantizer only in training mode), 1 for
+    kind none; None for channel and block scaling (many scales; ``stats`` holds their mean when recorded)."""
+    kind = q.spec.scaling.kind
+    if kind == "none":
+        return torch.ones((), dtype=torch.float32, device=q.stats.device)
+    if kind in ("tensor", "delayed"):
+        return q.scaler.scale
+    return None
+
+
+class _StatsMarker:
+    """``stats_record`` / ``stats_step`` of both quantizer classes."""
+
+    stats_record: StatsRecord | None = None
+
+    @property
+    def stats_step(self) -> int | None:
+        """Global step of the training batch whose passes last wrote ``stats`` (see StatsRecord); None when no switch
+        manages ``track_stats`` (then every call with ``track_stats`` on writes them)."""
+        record = self.stats_record
+        return None if record is None else record.step
+
+
+class TensorQuantizer(_StatsMarker, nn.Module):
     """STE fake quantization of one tensor role with the spec's scaling; scaler state and ``stats`` in buffers.
 
     ``enabled = False`` makes it the identity (for shadow passes). Scaler state is updated only in training mode.
+    ``track_stats = False`` skips the statistics (``stats`` then keeps its last values; see ``stats_step``).
     """
 
     def __init__(self, spec: QuantSpec, role: str = "weight", track_stats: bool = True) -> None:
@@ -259,8 +314,9 @@ class TensorQuantizer(nn.Module):
         return f"role={self.role}, format={s.format}, rounding={s.rounding}, scaling={s.scaling.kind}"
 
 
-class GradQuantizer(nn.Module):
-    """Identity forward; quantizes grad_output in the backward pass with ``spec``, recording ``stats`` there."""
+class GradQuantizer(_StatsMarker, nn.Module):
+    """Identity forward; quantizes grad_output in the backward pass with ``spec``, recording ``stats`` there (when
+    ``track_stats`` is on at the backward)."""
 
     def __init__(self, spec: QuantSpec | None = None, track_stats: bool = True) -> None:
         super().__init__()

@@ -130,6 +130,7 @@ def test_experiment_sweeps_are_hydra_sweeper_params(tmp_path: Path) -> None:
     ("format.name=e9m9", "format.name='e9m9' is not valid; valid: "),
     ("format.rounding=up", "format.rounding='up' is not valid; valid: nearest, stochastic, toward_zero"),
     ("quant.master=fp16", "quant.master='fp16' is not valid; valid: fp32, none"),
+    ("quant.stats=never", "quant.stats='never' is not valid; valid: demand, always"),
     ("schedule.min_lr_ratio=2", "schedule.min_lr_ratio=2.0 is invalid"),
     ("+trainer.foo=1", "trainer.foo is not a known key of trainer; valid: name, accelerator"),
     ("+bogus=1", "bogus is not a known top-level key"),

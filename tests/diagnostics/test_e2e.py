@@ -85,3 +85,32 @@ def test_an_e4m3_run_with_callbacks_full_logs_every_metric_name(tmp_path, cache)
     assert 0.9 < diag["min_grad_cosine"] <= 1.0
     assert 0.0 < diag["mean_effective_bits"] <= 8.0
     assert list((run_dir / "wandb").glob("offline-run-*")), "the W&B offline run holds histograms and tables"
+
+
+def metric_rows(run_dir: Path) -> list[dict[str, str]]:
+    """metrics.csv without the columns that measure time."""
+    with open(run_dir / "metrics.csv") as f:
+        return [{k: v for k, v in row.items() if "tokens_per_s" not in k} for row in csv.DictReader(f)]
+
+
+@pytest.mark.slow
+def test_statistics_on_demand_log_exactly_what_statistics_on_every_call_log(tmp_path, cache):
+    """quant.stats=demand (the default) against quant.stats=always, every consumer of the statistics on."""
+    consumers = ["format=e4m3", "logger=csv", "callbacks.fallback.enabled=true", "callbacks.range_clip.enabled=true",
+                 "callbacks.fallback.check_every_n_steps=3"]
+    runs = {}
+    for stats in ("always", "demand"):
+        run_dir = tmp_path / stats
+        proc = run_train(run_dir, cache, *consumers, f"quant.stats={stats}")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs[stats] = run_dir
+    rows = metric_rows(runs["always"])
+    assert rows == metric_rows(runs["demand"])
+    stability = [r for r in rows if r.get(f"stability/{LAYERS[0]}/input/amax")]
+    assert [int(r["step"]) for r in stability] == [5, 10, 15, 20]  # every trainer.log_every_n_steps
+    assert any(r.get(f"flips/{LAYERS[0]}/weight/flip_rate") for r in rows)
+    assert any(r.get(f"clip/{LAYERS[0]}/grad/clipped") for r in rows)
+    summaries = {k: json.loads((d / "summary.json").read_text()) for k, d in runs.items()}
+    for key in ("status", "steps", "final_val_loss", "diagnostics", "fallbacks"):
+        assert summaries["always"][key] == summaries["demand"][key], key
+    assert summaries["demand"]["config"]["quant"]["stats"] == "demand"

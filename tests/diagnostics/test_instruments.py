@@ -366,7 +366,7 @@ def test_probes_leave_quantizer_state_and_rng_untouched():
 def test_range_clip_clips_to_the_grad_format_range():
     module, fc = one_layer(weight=None, grad=QuantSpec(get_format("e4m3"), scaling=ScalingSpec(kind="tensor")),
                            shape=(2, 2))
-    fc.grad_q.stats[-1] = 4.0  # scale used for grad_output in the last backward
+    fc.grad_q.scaler.scale.fill_(4.0)  # the scale the last backward used for grad_output (tensor scaling keeps it)
     fc.weight.grad = torch.tensor([[100.0, -200.0], [500.0, 3.0]])
     logger = RecordingLogger()
     trainer = fake_trainer(logger)

@@ -209,6 +209,7 @@ def test_instruments_add_no_graph_breaks_or_recompiles_to_a_compiled_model(tmp_p
     model.forward(torch.zeros(1, 8, dtype=torch.long))  # quantizer kernels built once, outside tracing
     model.compile(backend="eager", fullgraph=True)  # fullgraph: any graph break is an error
     torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()  # reset() keeps them; graphs of earlier tests must not count
     with torch._dynamo.config.patch(error_on_recompile=True):
         trainer = fit(TinyLM(model), every_instrument(), 3, tmp_path)
     assert trainer.global_step == 3

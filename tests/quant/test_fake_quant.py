@@ -121,3 +121,54 @@ def test_quantizers_reject_a_non_spec() -> None:
         TensorQuantizer(E4M3)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="QuantSpec"):
         GradQuantizer("e5m2")  # type: ignore[arg-type]
+
+
+def test_without_track_stats_the_stats_keep_their_last_values() -> None:
+    q = TensorQuantizer(QuantSpec(E4M3, scaling=ScalingSpec("none")), "input")
+    q(torch.tensor([1000.0, 1.0]))
+    recorded = q.stats.clone()
+    assert recorded[STAT_NAMES.index("frac_saturated")] == 0.5
+    q.track_stats = False
+    y = q(torch.tensor([1.0, 2.0, math.nan]))
+    assert torch.equal(q.stats, recorded)
+    assert torch.equal(y[:2], torch.tensor([1.0, 2.0]))  # quantization itself is unchanged
+    gq = GradQuantizer(QuantSpec(E5M2, scaling=ScalingSpec("none")), track_stats=False)
+    x = torch.zeros(4, requires_grad=True)
+    gq(x).backward(torch.tensor([1e6, 1.0, 0.5, 0.25]))
+    assert torch.equal(gq.stats, torch.zeros(len(STAT_NAMES)))
+    gq.track_stats = True
+    gq(x).backward(torch.tensor([1e6, 1.0, 0.5, 0.25]))
+    assert float(gq.stat_dict()["frac_saturated"]) == 0.25
+
+
+def test_stats_step_names_the_step_of_the_shared_record() -> None:
+    from altgrad.quant.fake_quant import StatsRecord, set_track_stats
+
+    qs = [TensorQuantizer(QuantSpec(E4M3)), GradQuantizer()]
+    assert [q.stats_step for q in qs] == [None, None]  # no switch: every call with track_stats on records
+    record = StatsRecord()
+    set_track_stats(qs, False, record)
+    assert [q.track_stats for q in qs] == [False, False] and [q.stats_step for q in qs] == [None, None]
+    record.step = 7
+    assert [q.stats_step for q in qs] == [7, 7]
+    set_track_stats(qs, True)
+    assert all(q.stats_record is record and q.track_stats for q in qs)
+
+
+@pytest.mark.parametrize("kind", ["none", "tensor", "delayed", "channel", "block"])
+def test_kept_scale_is_the_scale_the_statistics_record(kind: str) -> None:
+    """Consumers that only need the scale read the scaler instead of the statistics: the same value, bit for bit."""
+    from altgrad.quant.fake_quant import kept_scale
+
+    torch.manual_seed(0)
+    q = TensorQuantizer(QuantSpec(E4M3, scaling=ScalingSpec(kind, history=4)), "weight")
+    gq = GradQuantizer(QuantSpec(E5M2, scaling=ScalingSpec(kind, history=4)))
+    for amax in (3.0, 40.0, 0.5):  # delayed: the scale used comes from the history before this call
+        x = (torch.randn(4, 64) * amax).requires_grad_()
+        gq(q(x)).backward(torch.randn(4, 64) * amax * 1e-3)
+        for quantizer in (q, gq):
+            s = kept_scale(quantizer)
+            if kind in ("channel", "block"):
+                assert s is None
+            else:
+                assert s.dtype == torch.float32 and s.item() == quantizer.stats[STAT_NAMES.index("scale")].item()
