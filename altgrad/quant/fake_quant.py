@@ -80,7 +80,7 @@ def _fused_quantize(x: torch.Tensor, spec: QuantSpec, scaler: Scaler, seed: torc
 
 
 class _Plan(NamedTuple):
-    """What one quantizer's eager-dispatched call needs, resolved once per (spec, device, stats, state writes)."""
+    """What one quantizer's eager-dispatched call needs, resolved once per (spec, scaler kind, device, stats)."""
 
     key: tuple
     call: fused
@@ -88,16 +88,16 @@ class _Plan(NamedTuple):
     consts: torch.Tensor
 
 
-def _plan(owner: nn.Module, device: torch.device, writes: str) -> _Plan:
-    """The owner's cached call for this device (rebuilt when its spec, scaler, stats flag or mode changes)."""
+def _plan(owner: nn.Module, device: torch.device) -> _Plan:
+    """The owner's cached call for this device (rebuilt when its spec, scaler or stats flag changes)."""
     spec, scaler = owner.spec, owner.scaler
-    key = (spec, type(scaler), device, owner.track_stats, writes)
+    key = (spec, type(scaler), device, owner.track_stats)
     plan = owner.__dict__.get("_plan")
     if plan is not None and plan.key[0] is spec and plan.key[1:] == key[1:]:
         return plan
     sc = spec.scaling
     variant = kernel_variant(spec.format, spec.rounding, spec.overflow)
-    call = quant_call(type(scaler).scale_fn, sc.pow2, sc.reduce, sc.block, variant, owner.track_stats, writes)
+    call = quant_call(type(scaler).scale_fn, sc.pow2, sc.reduce, sc.block, variant, owner.track_stats)
     plan = _Plan(key, call, kernel_params(spec.format, spec.rounding, spec.overflow, device),
                  scale_consts(spec.format, sc.margin, device))
     owner.__dict__["_plan"] = plan  # a plain attribute (not state): never saved, rebuilt on demand
@@ -105,14 +105,22 @@ def _plan(owner: nn.Module, device: torch.device, writes: str) -> _Plan:
 
 
 def _quantize_into(owner: nn.Module, x: torch.Tensor, seed: torch.Tensor | None, update: bool) -> torch.Tensor:
-    """quantize(x·s)/s through the owner's fused call, which writes its scaler state (when ``update``) and its
-    statistics (when tracked) into the owner's buffers; eager dispatch only (not inside a traced region)."""
-    plan = _plan(owner, x.device, "state" if update else "keep")
-    buffers = owner.scaler.state()
-    if owner.track_stats:
-        buffers = (*buffers, owner.stats)
+    """quantize(x·s)/s through the owner's fused call, then its new scaler state (when ``update``) and statistics
+    (when tracked) copied into the owner's buffers in one foreach copy; eager dispatch only (not when traced).
+
+    (Writing the buffers inside the compiled graph instead was measured 1.5x slower on a 2048x512 input: the
+    in-place update of the scale it also reads split the fused loops.)"""
+    plan = _plan(owner, x.device)
+    state = owner.scaler.state()
     with torch.no_grad():
-        return plan.call(x.detach(), plan.params, plan.consts, seed, *buffers)
+        y, stats, new = plan.call(x.detach(), plan.params, plan.consts, seed, *state)
+        dst, src = (list(state), list(new)) if update else ([], [])
+        if stats is not None:
+            dst.append(owner.stats)
+            src.append(stats)
+        if dst:
+            torch._foreach_copy_(dst, src)
+    return y
 
 
 class _StraightMany(torch.autograd.Function):
@@ -146,19 +154,21 @@ def quantize_many(pairs: list[tuple[TensorQuantizer, torch.Tensor]]) -> list[tor
             out[idx[0]] = q(x)
             continue
         sc = spec.scaling
-        n_state = len(pairs[idx[0]][0].scaler.state())
         call = quant_call_many(scaler_type.scale_fn, sc.pow2, sc.reduce, sc.block,
-                               kernel_variant(spec.format, spec.rounding, spec.overflow), with_stats,
-                               "state" if training else "keep", n_state, len(idx))
+                               kernel_variant(spec.format, spec.rounding, spec.overflow), with_stats, len(idx))
         flat: list[torch.Tensor | None] = []
+        dst: list[torch.Tensor] = []
         for i in idx:
             q, x = pairs[i]
-            flat += [x.detach(), _seed_for(spec, x), *q.scaler.state()]
-            if with_stats:
-                flat.append(q.stats)
+            state = q.scaler.state()
+            flat += [x.detach(), _seed_for(spec, x), *state]
+            dst += [*state] if training else []
+            dst += [q.stats] if with_stats else []
         with torch.no_grad():
-            ys = call(kernel_params(spec.format, spec.rounding, spec.overflow, device),
-                      scale_consts(spec.format, sc.margin, device), *flat)
+            ys, written = call(kernel_params(spec.format, spec.rounding, spec.overflow, device),
+                               scale_consts(spec.format, sc.margin, device), training, *flat)
+            if dst:
+                torch._foreach_copy_(dst, list(written))
         for i, y in zip(idx, _StraightMany.apply(*(pairs[i][1] for i in idx), *ys)):
             out[i] = y
     return out

@@ -33,45 +33,19 @@ def quant_call_body(x: torch.Tensor, p: torch.Tensor, consts: torch.Tensor, seed
     return y, stats, new
 
 
-WRITES = (None, "state", "keep")
-
-
-def _build(scale_fn: Callable, pow2: bool, reduce: str, block: int, variant: Variant, with_stats: bool,
-           writes: str | None) -> fused:
-    if writes is None:
-        def call(x: torch.Tensor, p: torch.Tensor, consts: torch.Tensor, seed: torch.Tensor | None,
-                 *state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, State]:
-            return quant_call_body(x, p, consts, seed, state, scale_fn, pow2, reduce, block, variant, with_stats)
-    else:
-        # The quantizer's buffers are written inside the compiled graph (inductor stores into them in the same
-        # kernels), instead of returning new tensors for eager copies after the call: fewer ops per call.
-        def call(x: torch.Tensor, p: torch.Tensor, consts: torch.Tensor, seed: torch.Tensor | None,
-                 *buffers: torch.Tensor) -> torch.Tensor:
-            state, stats_out = (buffers[:-1], buffers[-1]) if with_stats else (buffers, None)
-            y, stats, new = quant_call_body(x, p, consts, seed, state, scale_fn, pow2, reduce, block, variant,
-                                            with_stats)
-            if writes == "state":
-                for buf, value in zip(state, new):
-                    buf.copy_(value)
-            if stats_out is not None:
-                stats_out.copy_(stats)
-            return y
+def _build(scale_fn: Callable, pow2: bool, reduce: str, block: int, variant: Variant, with_stats: bool) -> fused:
+    def call(x: torch.Tensor, p: torch.Tensor, consts: torch.Tensor, seed: torch.Tensor | None,
+             *state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, State]:
+        return quant_call_body(x, p, consts, seed, state, scale_fn, pow2, reduce, block, variant, with_stats)
 
     # A distinct code object per configuration, so each gets its own dynamo cache (see ``renamed``).
-    name = (f"quant_call_{scale_fn.__name__}_{variant.label}_{'stats' if with_stats else 'nostats'}"
-            + (f"_writes_{writes}" if writes else ""))
+    name = f"quant_call_{scale_fn.__name__}_{variant.label}_{'stats' if with_stats else 'nostats'}"
     return fused(renamed(call, name))
 
 
-def quant_call(scale_fn: Callable, pow2: bool, reduce: str, block: int, variant: Variant, with_stats: bool,
-               writes: str | None = None) -> fused:
-    """The fused function of one quantizer configuration.
-
-    ``writes=None``: ``(x, kernel params, scale consts, seed, *state) -> (y, stats | None, new state)``, pure.
-    ``writes="state"`` / ``"keep"``: ``(x, params, consts, seed, *state, [stats buffer]) -> y``, writing the new
-    scaler state (``"state"``; ``"keep"`` leaves it) and the statistics (when ``with_stats``) into those buffers.
-    """
-    key = (scale_fn, pow2, reduce, block, variant, with_stats, writes)
+def quant_call(scale_fn: Callable, pow2: bool, reduce: str, block: int, variant: Variant, with_stats: bool) -> fused:
+    """The fused function ``(x, kernel params, scale consts, seed, *state) -> (y, stats | None, new state)``."""
+    key = (scale_fn, pow2, reduce, block, variant, with_stats)
     fn = _CALLS.get(key)
     if fn is None:
         fn = _CALLS[key] = _build(*key)
@@ -82,35 +56,31 @@ _MANY: dict[tuple, fused] = {}
 
 
 def _build_many(scale_fn: Callable, pow2: bool, reduce: str, block: int, variant: Variant, with_stats: bool,
-                writes: str, n_state: int, n: int) -> fused:
-    per = 2 + n_state + int(with_stats)  # x, seed, scaler state..., [stats buffer]
-
-    def call(p: torch.Tensor, consts: torch.Tensor, *flat: torch.Tensor | None) -> list[torch.Tensor]:
-        ys = []
+                n: int) -> fused:
+    def call(p: torch.Tensor, consts: torch.Tensor, update: bool,
+             *flat: torch.Tensor | None) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        n_state = len(flat) // n - 2
+        ys: list[torch.Tensor] = []
+        written: list[torch.Tensor] = []
         for i in range(n):  # unrolled when traced: one graph, one dispatch, a kernel (or a few) per tensor
-            x, seed, *bufs = flat[i * per:(i + 1) * per]
-            state, stats_out = (bufs[:n_state], bufs[n_state] if with_stats else None)
+            x, seed, *state = flat[i * (n_state + 2):(i + 1) * (n_state + 2)]
             y, stats, new = quant_call_body(x, p, consts, seed, tuple(state), scale_fn, pow2, reduce, block,
                                             variant, with_stats)
-            if writes == "state":
-                for buf, value in zip(state, new):
-                    buf.copy_(value)
-            if stats_out is not None:
-                stats_out.copy_(stats)
             ys.append(y)
-        return ys
+            written += [*new] if update else []
+            written += [stats] if stats is not None else []
+        return ys, written
 
-    name = (f"quant_many{n}_{scale_fn.__name__}_{variant.label}_{'stats' if with_stats else 'nostats'}"
-            f"_writes_{writes}")
+    name = f"quant_many{n}_{scale_fn.__name__}_{variant.label}_{'stats' if with_stats else 'nostats'}"
     return fused(renamed(call, name))
 
 
 def quant_call_many(scale_fn: Callable, pow2: bool, reduce: str, block: int, variant: Variant, with_stats: bool,
-                    writes: str, n_state: int, n: int) -> fused:
-    """One fused call for n tensors of one configuration, each with its own scale, scaler state and statistics:
-    ``(params, consts, x1, seed1, *state1, [stats1], x2, ...) -> [y1, y2, ...]``, buffers written as in
-    ``quant_call(..., writes)``. Weights of the same format are quantized this way, one dispatch per step."""
-    key = (scale_fn, pow2, reduce, block, variant, with_stats, writes, n_state, n)
+                    n: int) -> fused:
+    """One fused call for n tensors of one configuration, each with its own scale and scaler state:
+    ``(params, consts, update, x1, seed1, *state1, x2, ...) -> ([y1, ...], [new state1 (if update), stats1 (if
+    with_stats), ...])``. The weights of one configuration are quantized this way, one dispatch per step."""
+    key = (scale_fn, pow2, reduce, block, variant, with_stats, n)
     fn = _MANY.get(key)
     if fn is None:
         fn = _MANY[key] = _build_many(*key)
