@@ -42,7 +42,8 @@ class QuantLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.input_q is not None:
             x = self.input_q(x)
-        w = self.__dict__.pop("_wq", None)  # quantized ahead by the model's WeightBatch hook (eager dispatch)
+        # quantized ahead by the model's WeightBatch hook (eager dispatch only; older dynamo cannot trace the pop)
+        w = None if torch.compiler.is_compiling() else self.__dict__.pop("_wq", None)
         if w is None:
             w = self.weight_q(self.weight) if self.weight_q is not None else self.weight
         y = F.linear(x, w, self.bias)
