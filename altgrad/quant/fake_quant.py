@@ -69,11 +69,13 @@ def _fused_quantize(x: torch.Tensor, spec: QuantSpec, scaler: Scaler, seed: torc
     """(quantize(x·s)/s, stats or None, the scaler's new state) from one fused call; nothing is written."""
     sc = spec.scaling
     p = kernel_params(spec.format, spec.rounding, spec.overflow, x.device)
-    variant = kernel_variant(spec.format, spec.rounding, spec.overflow)
     consts = scale_consts(spec.format, sc.margin, x.device)
     if torch.compiler.is_compiling():  # traced into the caller's graph: no per-configuration function to build
+        # the uncached function (pure): dynamo warns about tracing through an lru_cache wrapper
+        variant = kernel_variant.__wrapped__(spec.format, spec.rounding, spec.overflow)
         return quant_call_body(x.detach(), p, consts, seed, scaler.state(), type(scaler).scale_fn, sc.pow2,
                                sc.reduce, sc.block, variant, with_stats)
+    variant = kernel_variant(spec.format, spec.rounding, spec.overflow)
     call = quant_call(type(scaler).scale_fn, sc.pow2, sc.reduce, sc.block, variant, with_stats)
     with torch.no_grad():
         return call(x.detach(), p, consts, seed, *scaler.state())
