@@ -64,21 +64,17 @@ class _Straight(torch.autograd.Function):
         return grad, None
 
 
-def _fused_quantize(x: torch.Tensor, spec: QuantSpec, scaler: Scaler, seed: torch.Tensor | None,
-                    with_stats: bool) -> tuple[torch.Tensor, torch.Tensor | None, tuple[torch.Tensor, ...]]:
-    """(quantize(x·s)/s, stats or None, the scaler's new state) from one fused call; nothing is written."""
+def _traced_quantize(x: torch.Tensor, spec: QuantSpec, scaler: Scaler, seed: torch.Tensor | None,
+                     with_stats: bool) -> tuple[torch.Tensor, torch.Tensor | None, tuple[torch.Tensor, ...]]:
+    """(quantize(x·s)/s, stats or None, the scaler's new state), traced inline into the caller's graph (inside
+    torch.compile; eager dispatch goes through ``_quantize_into``); nothing is written."""
     sc = spec.scaling
     p = kernel_params(spec.format, spec.rounding, spec.overflow, x.device)
     consts = scale_consts(spec.format, sc.margin, x.device)
-    if torch.compiler.is_compiling():  # traced into the caller's graph: no per-configuration function to build
-        # the uncached function (pure): dynamo warns about tracing through an lru_cache wrapper
-        variant = kernel_variant.__wrapped__(spec.format, spec.rounding, spec.overflow)
-        return quant_call_body(x.detach(), p, consts, seed, scaler.state(), type(scaler).scale_fn, sc.pow2,
-                               sc.reduce, sc.block, variant, with_stats)
-    variant = kernel_variant(spec.format, spec.rounding, spec.overflow)
-    call = quant_call(type(scaler).scale_fn, sc.pow2, sc.reduce, sc.block, variant, with_stats)
-    with torch.no_grad():
-        return call(x.detach(), p, consts, seed, *scaler.state())
+    # the uncached function (pure): dynamo warns about tracing through an lru_cache wrapper
+    variant = kernel_variant.__wrapped__(spec.format, spec.rounding, spec.overflow)
+    return quant_call_body(x.detach(), p, consts, seed, scaler.state(), type(scaler).scale_fn, sc.pow2,
+                           sc.reduce, sc.block, variant, with_stats)
 
 
 class _Plan(NamedTuple):
@@ -197,7 +193,7 @@ class _QuantGrad(torch.autograd.Function):
         seed = seed if spec.rounding == "stochastic" else None
         if not torch.compiler.is_compiling():
             return _quantize_into(owner, grad, seed, update=True), None, None, None
-        gq, stats, new = _fused_quantize(grad, spec, owner.scaler, seed, owner.track_stats)
+        gq, stats, new = _traced_quantize(grad, spec, owner.scaler, seed, owner.track_stats)
         owner.scaler.load_state_(new)
         if stats is not None:
             owner.stats.copy_(stats)
@@ -290,7 +286,7 @@ class TensorQuantizer(_StatsMarker, nn.Module):
         spec = self.spec
         if not torch.compiler.is_compiling():
             return _Straight.apply(x, _quantize_into(self, x, _seed_for(spec, x), update=self.training))
-        y, stats, new = _fused_quantize(x, spec, self.scaler, _seed_for(spec, x), self.track_stats)
+        y, stats, new = _traced_quantize(x, spec, self.scaler, _seed_for(spec, x), self.track_stats)
         if self.training:
             self.scaler.load_state_(new)
         if stats is not None:
