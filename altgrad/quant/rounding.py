@@ -10,6 +10,11 @@ The kernel works on the float32 bit pattern as int32 (no log2/frexp):
   are handled on the bits, never by float arithmetic).
 Round-to-nearest breaks ties towards the even *code*; for M = 0 the code's last bit is the exponent field's,
 whose parity differs from float32's when 127 − bias is odd, hence ``tie_flip``.
+Nearest rounding usually takes a shorter road that covers both regions at once: with e = |x|'s binade held in
+[emin, emax], |x| + C − C with C = 2^(e+23−M) (float32's own round-to-nearest-even at the format's quantum there).
+It needs C finite, 0 < M < 23 (for M = 0 the two neighbours 2^e and 2^(e+1) are codes of different exponents,
+so float32's even significand is not the even code); otherwise (``bit_round``: M = 0, bf16's range) the
+bit-pattern rounding above runs.
 Stochastic rounding adds uniform random bits below the cut, drawn inside the kernel from a counter-based
 hash of (seed, element index), so no random tensor is materialised.
 
@@ -43,8 +48,9 @@ _NAN = 0x7FC00000
 _INV_POW2_BITS = 254 << 23  # 1/2^k has biased exponent 254 − e(2^k): subtracting the bit patterns inverts 2^k
 
 # Parameter-tensor slots (int32), derived once per (format, rounding, overflow, device).
-_P_SHIFT, _P_LOW, _P_HALF, _P_LSB, _P_FLIP, _P_MAX, _P_OVF, _P_OVF_INF, _P_MAGIC, _P_EMIN_BITS, _P_Y1, _P_Y2 = \
-    range(12)
+(_P_SHIFT, _P_LOW, _P_HALF, _P_LSB, _P_FLIP, _P_MAX, _P_OVF, _P_OVF_INF, _P_MAGIC, _P_EMIN_BITS, _P_Y1, _P_Y2,
+ _P_EMAX_BITS, _P_CSHIFT) = range(14)
+_EXP = 0x7F800000
 
 
 class Variant(NamedTuple):
@@ -59,6 +65,7 @@ class Variant(NamedTuple):
     zero_sign: bool  # a zero result drops its sign (the policy has no −0)
     saturates: bool  # overflow and ±Inf both clamp to ±max (a min instead of two selects)
     wide_quantum: bool  # 2^−(emin − M) exceeds 2^127: the subnormal scaling takes two multiplies
+    bit_round: bool  # nearest needs the bit-pattern rounding: M = 0 or 23, or 2^(emax+23−M) beyond float32 (bf16)
 
     @property
     def label(self) -> str:
@@ -99,6 +106,8 @@ def _params(fmt: FloatFormat, rounding: str, overflow: str) -> list[int]:
         (fmt.emin + 127) << 23,  # bit pattern of the smallest normal
         _f32_bits(math.ldexp(1.0, y1)),  # 2^-qexp = Y1 · Y2, each a float32
         _f32_bits(math.ldexp(1.0, -qexp - y1)),
+        (fmt.emax + 127) << 23,  # bit pattern of 2^emax, the top binade
+        shift << 23,  # adds 23 − M to a biased exponent: 2^e → C = 2^(e+23−M)
     ]
 
 
@@ -106,9 +115,11 @@ def _params(fmt: FloatFormat, rounding: str, overflow: str) -> list[int]:
 def kernel_variant(fmt: FloatFormat, rounding: str, overflow: str) -> Variant:
     """Which optional kernel steps (format, rounding, overflow) needs (cached: called on every quantize)."""
     p = _params(fmt, rounding, overflow)
-    return Variant(rounding, rounding == "nearest" and p[_P_FLIP] != 0, not fmt.has_negative_zero,
+    nearest = rounding == "nearest"
+    return Variant(rounding, nearest and p[_P_FLIP] != 0, not fmt.has_negative_zero,
                    p[_P_OVF] == p[_P_MAX] and p[_P_OVF_INF] == p[_P_MAX],
-                   rounding != "nearest" and p[_P_Y2] != _f32_bits(1.0))
+                   not nearest and p[_P_Y2] != _f32_bits(1.0),
+                   nearest and (fmt.mbits in (0, 23) or fmt.emax + 23 - fmt.mbits > 127))
 
 
 def _mix32(h: torch.Tensor) -> torch.Tensor:
@@ -135,6 +146,15 @@ def _round_bits(xf: torch.Tensor, p: torch.Tensor, v: Variant, r: torch.Tensor |
     bits = xf.view(torch.int32)
     sign = bits & _INT_MIN
     a0 = bits & _ABS
+    if v.rounding == "nearest" and not v.bit_round:
+        # One add for every region: C = 2^(e+23−M), e = |x|'s binade held in [emin, emax] (below emin the grid is
+        # the subnormal quantum's, above emax anything is out of range anyway). In [C, 2C) float32's spacing is
+        # the quantum 2^(e−M), so |x| + C rounds there to nearest-even (even significand = even code here), and
+        # − C is exact. Inf stays Inf; NaN is restored at the end.
+        e = torch.clamp(a0 & _EXP, min=p[_P_EMIN_BITS], max=p[_P_EMAX_BITS])
+        c = (e + p[_P_CSHIFT]).view(torch.float32)
+        m = ((a0.view(torch.float32) + c) - c).view(torch.int32)
+        return _finish(m, a0, sign, p, v)
     a = torch.clamp(a0, max=_INF)  # NaN payloads would overflow the rounding add; NaN is restored at the end
 
     # Normal region: round the float32 pattern at the cut (23 − M bits), carrying into the exponent.
@@ -170,12 +190,15 @@ def _round_bits(xf: torch.Tensor, p: torch.Tensor, v: Variant, r: torch.Tensor |
             k = k + ((y - yi) > u).to(torch.int32)
         sub = ((p[_P_MAGIC] + k).view(torch.float32) - c).view(torch.int32)
     m = torch.where(a < p[_P_EMIN_BITS], sub, normal)
+    return _finish(m, a0, sign, p, v)
 
-    # Range, specials, sign.
+
+def _finish(m: torch.Tensor, a0: torch.Tensor, sign: torch.Tensor, p: torch.Tensor, v: Variant) -> torch.Tensor:
+    """Range, specials and sign on the rounded magnitude bits ``m`` (a0: |x|'s bits); the float32 result."""
     if v.saturates:
         m = torch.clamp(m, max=p[_P_MAX])
     else:
-        m = torch.where(m > p[_P_MAX], torch.where(a >= _INF, p[_P_OVF_INF], p[_P_OVF]), m)
+        m = torch.where(m > p[_P_MAX], torch.where(a0 >= _INF, p[_P_OVF_INF], p[_P_OVF]), m)
     out = m | (torch.where(m != 0, sign, 0) if v.zero_sign else sign)
     return torch.where(a0 > _INF, _NAN, out).view(torch.float32)
 
@@ -215,7 +238,7 @@ def _build(variant: Variant, scaled: str | None) -> fused:
     else:
         def run(x: torch.Tensor, p: torch.Tensor, seed: torch.Tensor | None) -> torch.Tensor:
             return _kernel(x, p, variant, None, seed)
-    return fused(renamed(run, f"quantize_{variant.label}{'_scaled_' + scaled if scaled else ''}"))
+    return fused(renamed(run, f"quantize_{variant.label}{'_scaled_' + scaled if scaled else ''}"), static=True)
 
 
 _KERNELS: dict[tuple[Variant, str | None], fused] = {}

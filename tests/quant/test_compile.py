@@ -26,7 +26,8 @@ def both(x: torch.Tensor, fmt, rounding: str, overflow: str, scale=None) -> tupl
 def test_compiled_equals_eager(rounding: str) -> None:
     # one compiled kernel per rounding mode serves every format (formats are data), so many formats are cheap
     for name, overflow in (("e4m3", "overflow"), ("e7m0", "saturate"), ("p3109_p1", "overflow"),
-                           ("e0m7", "saturate"), ("bf16", "overflow")):
+                           ("e0m7", "saturate"), ("bf16", "overflow"), ("p3109_p4", "overflow"),
+                           ("fp16", "saturate")):
         fmt = get_format(name)
         x = torch.from_numpy(inputs_for(fmt, 100_000, seed=5))
         c, e = both(x, fmt, rounding, overflow)

@@ -225,6 +225,14 @@ def test_kernel_variants_leave_out_only_steps_a_format_cannot_need() -> None:
     assert kernel_variant(get_format("e5m2"), "toward_zero", "overflow").saturates is False  # Inf input -> Inf
     assert kernel_variant(get_format("bf16"), "toward_zero", "saturate").wide_quantum
     assert not kernel_variant(get_format("bf16"), "nearest", "saturate").wide_quantum  # nearest adds C instead
+    # nearest rounds with one add at |x|'s binade unless M = 0 (code parity is the exponent's), or 2^(emax+23−M)
+    # overflows float32 (bf16's range): those keep the bit-pattern rounding
+    assert not kernel_variant(get_format("e4m3"), "nearest", "saturate").bit_round
+    assert not kernel_variant(get_format("fp16"), "nearest", "saturate").bit_round
+    assert kernel_variant(get_format("e7m0"), "nearest", "saturate").bit_round
+    assert kernel_variant(get_format("bf16"), "nearest", "saturate").bit_round
+    assert not kernel_variant(get_format("bf16"), "toward_zero", "saturate").bit_round  # a nearest-only step
     variants = {kernel_variant(get_format(n), "nearest", "saturate") for n in list_formats()}
-    assert len(variants) == 3  # what the presets share: compiled kernels per rounding mode with saturate
-    assert kernel_variant(get_format("p3109_p1"), "nearest", "saturate").label == "nearest_tie_flip_zero_sign_saturates"
+    assert len(variants) == 4  # what the presets share: compiled kernels per rounding mode with saturate
+    assert (kernel_variant(get_format("p3109_p1"), "nearest", "saturate").label
+            == "nearest_tie_flip_zero_sign_saturates_bit_round")
