@@ -24,6 +24,8 @@ def quant_call_body(x: torch.Tensor, p: torch.Tensor, consts: torch.Tensor, seed
                     state: State, scale_fn: Callable, pow2: bool, reduce: str, block: int, variant: Variant,
                     with_stats: bool) -> tuple[torch.Tensor, torch.Tensor | None, State]:
     """The maths of one quantizer call (what every ``quant_call`` function runs); traceable as it is."""
+    if torch.compiler.is_compiling() and x.device.type == "cpu":
+        x = torch.ops.prims.inductor_force_stride_order(x, x.stride())
     s, new = scale_fn(x, consts, state, pow2, reduce, block)
     y = _kernel(x, p, variant, s, seed, scale_pow2=pow2 or scale_fn is block_scale)
     stats = None
@@ -40,7 +42,7 @@ def _build(scale_fn: Callable, pow2: bool, reduce: str, block: int, variant: Var
 
     # A distinct code object per configuration, so each gets its own dynamo cache (see ``renamed``).
     name = f"quant_call_{scale_fn.__name__}_{variant.label}_{'stats' if with_stats else 'nostats'}"
-    return fused(renamed(call, name))
+    return fused(renamed(call, name), static=True)
 
 
 def quant_call(scale_fn: Callable, pow2: bool, reduce: str, block: int, variant: Variant, with_stats: bool) -> fused:
@@ -72,7 +74,7 @@ def _build_many(scale_fn: Callable, pow2: bool, reduce: str, block: int, variant
         return ys, written
 
     name = f"quant_many{n}_{scale_fn.__name__}_{variant.label}_{'stats' if with_stats else 'nostats'}"
-    return fused(renamed(call, name))
+    return fused(renamed(call, name), static=True)
 
 
 def quant_call_many(scale_fn: Callable, pow2: bool, reduce: str, block: int, variant: Variant, with_stats: bool,
