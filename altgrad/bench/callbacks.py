@@ -23,6 +23,8 @@ from typing import Any
 import lightning as L
 import torch
 
+from altgrad.bench import steady_state_compiles
+
 CONF = Path(__file__).resolve().parents[2] / "conf"
 TARGETS = {"default": 1.05, "full": 1.30}
 FAKE_QUANT = "altgrad.callbacks.fake_quant"
@@ -143,6 +145,7 @@ def main(argv: list[str]) -> None:
     args = parser.parse_args(argv)
     if args.steps < 1 or args.warmup < 0 or args.rounds < 1:
         raise SystemExit("error: --steps and --rounds must be >= 1 and --warmup >= 0")
+    steady_state_compiles()
     if args.threads < 0:
         raise SystemExit("error: --threads must be >= 0 (0 = torch's default)")
     if args.threads:

@@ -30,6 +30,7 @@ from altgrad.callbacks.fake_quant import FakeQuantCallback
 from altgrad.callbacks.probe import quantizers
 from altgrad.model import GPT, GPTConfig
 from altgrad.quant.fake_quant import set_track_stats
+from altgrad.bench import steady_state_compiles
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 
@@ -73,7 +74,8 @@ def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="python -m altgrad.bench step", description=__doc__.splitlines()[0])
     parser.add_argument("--format", default="e4m3", help="format preset for weights and inputs (grads: e5m2)")
     parser.add_argument("--steps", type=int, default=30, help="timed steps per variant")
-    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=6,
+                        help="untimed steps first (compilation, including the quantizer calls' per-shape compiles)")
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile variants")
     parser.add_argument("--model", default="nano", help="model preset of conf/model (default nano)")
@@ -86,6 +88,7 @@ def main(argv: list[str]) -> None:
     stats_every = args.stats_every or int(OmegaConf.load(CONF / "trainer" / "cpu.yaml").log_every_n_steps)
     if stats_every < 1:
         raise SystemExit("--stats-every must be >= 1")
+    steady_state_compiles()
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device=cuda: no CUDA GPU is visible; valid here: cpu")

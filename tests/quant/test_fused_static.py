@@ -1,0 +1,125 @@
+"""fused(fn, static=True): repeated signatures move to a per-shape inductor compile with the same bits."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+
+import pytest
+import torch
+from quant_testlib import assert_same_bits
+
+import altgrad.quant.fused as fused_mod
+from altgrad.quant import GradQuantizer, QuantSpec, ScalingSpec, TensorQuantizer, get_format, quantize_scaled
+from altgrad.quant.fake_quant import _plan
+from altgrad.quant.fused import _signature, fused
+from altgrad.quant.rounding import _kernel_for, kernel_variant
+
+
+@pytest.fixture(autouse=True)
+def _compile_soon(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ALTGRAD_COMPILE", "1")
+    monkeypatch.setattr(fused_mod, "STATIC_AFTER", 2)
+
+
+@contextlib.contextmanager
+def _eager() -> Iterator[None]:
+    """The compiler off: the eager reference."""
+    os.environ["ALTGRAD_COMPILE"] = "0"
+    try:
+        yield
+    finally:
+        os.environ["ALTGRAD_COMPILE"] = "1"
+
+
+def _static_compiles(f: fused) -> int:
+    return sum(v is not None for v in f._static.values())
+
+
+@pytest.mark.parametrize("kind,rounding,stats", [("tensor", "nearest", False), ("delayed", "stochastic", True),
+                                                 ("channel", "nearest", True)])
+def test_quantizer_calls_switch_to_static_compile_with_identical_bits(kind: str, rounding: str, stats: bool) -> None:
+    spec = QuantSpec(format=get_format("e4m3"), rounding=rounding, scaling=ScalingSpec(kind=kind, history=4))
+    fast = TensorQuantizer(spec, role="input", track_stats=stats)
+    ref = TensorQuantizer(spec, role="input", track_stats=stats)
+    g = torch.Generator().manual_seed(0)
+    for step in range(5):  # calls 1-2 shape-generic, then static
+        x = torch.randn(64, 48, generator=g) * 2.0 ** (step - 2)
+        torch.manual_seed(step)  # the stochastic seed is drawn from torch's generator before the call
+        y = fast(x)
+        torch.manual_seed(step)
+        with _eager():
+            y_ref = ref(x)
+        assert_same_bits(y, y_ref.numpy(), x.numpy(), f"{kind} {rounding} call {step}")
+        for a, b in zip(fast.buffers(), ref.buffers()):
+            assert torch.equal(a, b), f"{kind}: buffers differ after call {step}"
+    assert _static_compiles(_plan(fast, x.device).call) >= 1
+
+
+def test_grad_quantizer_backward_takes_the_static_road_with_identical_grads() -> None:
+    spec = QuantSpec(format=get_format("e5m2"), scaling=ScalingSpec(kind="tensor"))
+    fast, ref = GradQuantizer(spec), GradQuantizer(spec)
+    for step in range(4):
+        w = torch.randn(32, 16, requires_grad=True)
+        up = torch.randn(32, 16) * 1e-3
+        fast(w).backward(up)
+        g_fast = w.grad.clone()
+        w.grad = None
+        with _eager():
+            ref(w).backward(up)
+        assert_same_bits(g_fast, w.grad.numpy(), up.numpy(), f"grad step {step}")
+        assert torch.equal(fast.stats, ref.stats) and torch.equal(fast.scaler.scale, ref.scaler.scale)
+    assert _static_compiles(_plan(fast, torch.device("cpu")).call) >= 1
+
+
+def test_quantize_kernel_static_and_generic_agree_and_the_limit_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fused_mod, "STATIC_LIMIT", 1)
+    fmt = get_format("e3m4")
+    for n in (1000, 999):  # the second signature exceeds the limit: it stays on the shape-generic function
+        x = torch.randn(n) * 10
+        s = torch.tensor(0.5)
+        outs = [quantize_scaled(x, fmt, s, overflow="overflow") for _ in range(4)]
+        ref = quantize_scaled(x, fmt, s, overflow="overflow", compiled=False)
+        for o in outs:
+            assert_same_bits(o, ref.numpy(), x.numpy(), f"n={n}")
+    assert _static_compiles(_kernel_for(kernel_variant(fmt, "nearest", "overflow"), "any")) == 1
+
+
+def test_signature_refuses_autograd_inputs_and_unknown_arguments() -> None:
+    x = torch.ones(3, requires_grad=True)
+    assert _signature((x,)) is None
+    with torch.no_grad():
+        assert _signature((x, None, True, 2)) is not None
+    assert _signature((torch.ones(2), [1, 2])) is None
+
+
+def test_a_failing_static_compile_warns_once_and_keeps_the_generic_result(monkeypatch: pytest.MonkeyPatch) -> None:
+    def boom(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise RuntimeError("no compiler today")
+
+    monkeypatch.setattr(fused_mod, "_Static", boom)
+    f = fused(lambda a, b: (a * 2 + b, None), static=True)
+    x, y = torch.arange(6.0), torch.ones(6)
+    with pytest.warns(UserWarning, match="static compile of"):
+        for _ in range(3):
+            out, none = f(x, y)
+    assert torch.equal(out, x * 2 + 1) and none is None
+    assert list(f._static.values()) == [None]
+
+
+def test_static_after_comes_from_the_environment_with_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ALTGRAD_STATIC_AFTER", "0")
+    assert fused_mod._static_after() == 0  # never
+    monkeypatch.setenv("ALTGRAD_STATIC_AFTER", "often")
+    with pytest.raises(SystemExit, match="ALTGRAD_STATIC_AFTER='often' is not valid; valid: a whole number"):
+        fused_mod._static_after()
+
+
+def test_static_compiles_off_keeps_every_call_shape_generic(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fused_mod, "STATIC_AFTER", 0)
+    f = fused(lambda a: a * 3, static=True)
+    x = torch.arange(5.0)
+    for _ in range(4):
+        assert torch.equal(f(x), x * 3)
+    assert not f._static
