@@ -11,7 +11,9 @@ is traced once (make_fx) and compiled by inductor for exactly those shapes, and 
 straight to the compiled code. A torch.compile'd function pays dynamo's frame and guard handling on every call
 (about 70 µs here, more than the kernel itself on a small tensor); the direct call costs about 10 µs. Same aten
 graph, same inductor kernels: the results are the same bits (tested). At most ``STATIC_LIMIT`` signatures per
-function are compiled this way.
+function are compiled this way. The quantizers' per-call functions use it (``quant_call``: every forward and
+backward call of a quantized layer); the batched weights (one call per step, and a 20-30 s static compile of the
+unrolled graph), the bare kernels and the statistics of the diagnostics (called on some steps only) do not.
 """
 
 from __future__ import annotations

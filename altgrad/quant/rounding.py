@@ -238,7 +238,7 @@ def _build(variant: Variant, scaled: str | None) -> fused:
     else:
         def run(x: torch.Tensor, p: torch.Tensor, seed: torch.Tensor | None) -> torch.Tensor:
             return _kernel(x, p, variant, None, seed)
-    return fused(renamed(run, f"quantize_{variant.label}{'_scaled_' + scaled if scaled else ''}"), static=True)
+    return fused(renamed(run, f"quantize_{variant.label}{'_scaled_' + scaled if scaled else ''}"))
 
 
 _KERNELS: dict[tuple[Variant, str | None], fused] = {}

@@ -44,7 +44,7 @@ def stats_of(x: torch.Tensor, y: torch.Tensor, scale: torch.Tensor, max_value: t
     return torch.stack([saturated, zero, subnormal, nonfinite, amax, s.mean()]).to(torch.float32)
 
 
-_fused_stats = fused(_stats, static=True)
+_fused_stats = fused(_stats)
 
 
 def quant_stats(x: torch.Tensor, y: torch.Tensor, fmt: FloatFormat, scale: torch.Tensor | None = None,

@@ -11,10 +11,10 @@ import torch
 from quant_testlib import assert_same_bits
 
 import altgrad.quant.fused as fused_mod
-from altgrad.quant import GradQuantizer, QuantSpec, ScalingSpec, TensorQuantizer, get_format, quantize_scaled
+from altgrad.quant import GradQuantizer, QuantSpec, ScalingSpec, TensorQuantizer, get_format
 from altgrad.quant.fake_quant import _plan
 from altgrad.quant.fused import _signature, fused
-from altgrad.quant.rounding import _kernel_for, kernel_variant
+from altgrad.quant.rounding import _kernel, kernel_params, kernel_variant
 
 
 @pytest.fixture(autouse=True)
@@ -73,17 +73,19 @@ def test_grad_quantizer_backward_takes_the_static_road_with_identical_grads() ->
     assert _static_compiles(_plan(fast, torch.device("cpu")).call) >= 1
 
 
-def test_quantize_kernel_static_and_generic_agree_and_the_limit_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_static_and_generic_kernels_agree_and_the_limit_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(fused_mod, "STATIC_LIMIT", 1)
     fmt = get_format("e3m4")
+    v = kernel_variant(fmt, "nearest", "overflow")
+    p = kernel_params(fmt, "nearest", "overflow", torch.device("cpu"))
+    f = fused(lambda x, p, s: _kernel(x, p, v, s, None), static=True)
     for n in (1000, 999):  # the second signature exceeds the limit: it stays on the shape-generic function
         x = torch.randn(n) * 10
         s = torch.tensor(0.5)
-        outs = [quantize_scaled(x, fmt, s, overflow="overflow") for _ in range(4)]
-        ref = quantize_scaled(x, fmt, s, overflow="overflow", compiled=False)
-        for o in outs:
-            assert_same_bits(o, ref.numpy(), x.numpy(), f"n={n}")
-    assert _static_compiles(_kernel_for(kernel_variant(fmt, "nearest", "overflow"), "any")) == 1
+        ref = _kernel(x, p, v, s, None)
+        for _ in range(4):
+            assert_same_bits(f(x, p, s), ref.numpy(), x.numpy(), f"n={n}")
+    assert _static_compiles(f) == 1 and len(f._static) == 1
 
 
 def test_signature_refuses_autograd_inputs_and_unknown_arguments() -> None:
