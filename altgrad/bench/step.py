@@ -26,11 +26,11 @@ import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 
+from altgrad.bench import steady_state_compiles
 from altgrad.callbacks.fake_quant import FakeQuantCallback
 from altgrad.callbacks.probe import quantizers
 from altgrad.model import GPT, GPTConfig
 from altgrad.quant.fake_quant import set_track_stats
-from altgrad.bench import steady_state_compiles
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 

@@ -51,8 +51,6 @@ def renamed(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
 _OPTIONS: dict[str, dict[str, Any]] = {"cuda": {"triton.autotune_pointwise": False}}
 
 
-
-
 def _static_after() -> int:
     """``ALTGRAD_STATIC_AFTER`` (default 100; 0 = never): calls of one signature before its static compile."""
     raw = os.environ.get("ALTGRAD_STATIC_AFTER", "100")
@@ -130,15 +128,15 @@ class fused:  # noqa: N801 - used like a decorator/function
         device = next((a.device.type for a in args if isinstance(a, torch.Tensor)), "cpu")
         if device in self._failed:
             return self.fn(*args)
-        if self.static:
+        if self.static and STATIC_AFTER > 0:
             key = _signature(args)
             if key is not None:
                 fast = self._static.get(key)
                 if fast is not None:
                     return fast(args)
-                if key not in self._static:
+                if key not in self._static and len(self._static) < STATIC_LIMIT:  # past the limit: no counting
                     n = self._calls[key] = self._calls.get(key, 0) + 1
-                    if 0 < STATIC_AFTER <= n and len(self._static) < STATIC_LIMIT:
+                    if n >= STATIC_AFTER:
                         return self._compile_static(key, args, device)
         cfn = self._compiled.get(device)
         if cfn is None:
