@@ -21,7 +21,9 @@ hash of (seed, element index), so no random tensor is materialised.
 Formats are derived into a small int32 parameter tensor; the compiled kernel is specialised only on which
 optional steps a format needs (``Variant``: a handful in all), so formats share kernels without recompiling.
 ``quantize`` compiles lazily with ``torch.compile(dynamic=True)`` (set ``ALTGRAD_COMPILE=0`` to stay eager) and
-falls back to eager, with one warning, where compilation fails.
+falls back to eager, with one warning, where compilation fails; a shape it sees ``ALTGRAD_STATIC_AFTER`` times
+gets a kernel compiled for that shape alone (``fused``'s static road: less host overhead, and on a GPU the
+faster kernel).
 Inputs of other float dtypes are computed in float32 and cast back: exact when the format is narrower than the
 dtype; a format wider than the dtype (e.g. fp16 on a bf16 tensor) is rounded twice (format, then dtype).
 """
@@ -238,7 +240,9 @@ def _build(variant: Variant, scaled: str | None) -> fused:
     else:
         def run(x: torch.Tensor, p: torch.Tensor, seed: torch.Tensor | None) -> torch.Tensor:
             return _kernel(x, p, variant, None, seed)
-    return fused(renamed(run, f"quantize_{variant.label}{'_scaled_' + scaled if scaled else ''}"))
+    # static: a shape quantized again and again (storage rounding, a benchmark) gets its own compiled kernel
+    return fused(renamed(run, f"quantize_{variant.label}{'_scaled_' + scaled if scaled else ''}"), static=True,
+                 tune=True)
 
 
 _KERNELS: dict[tuple[Variant, str | None], fused] = {}
@@ -279,14 +283,15 @@ def draw_seed(device: torch.device, generator: torch.Generator | None = None,
     if seed is not None:
         return torch.tensor(int(seed) & 0x7FFFFFFF, dtype=torch.int32, device=device)
     gen_device = generator.device if generator is not None else device
-    s = torch.randint(0, 2**31 - 1, (), generator=generator, device=gen_device, dtype=torch.int64)
-    return s.to(device=device, dtype=torch.int32)
+    # drawn as int32 directly: the same value as an int64 draw (the range < 2^32 takes one 32-bit draw either way)
+    s = torch.randint(0, 2**31 - 1, (), generator=generator, device=gen_device, dtype=torch.int32)
+    return s if s.device == torch.device(device) else s.to(device)
 
 
 def _as_rows(x: torch.Tensor, scale: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Few distinct kernel shapes: 1-D without a scale; (rows, last dim) with one."""
     if scale is None:
-        return x.reshape(-1), None
+        return (x if x.dim() == 1 else x.reshape(-1)), None
     cols = x.shape[-1] if x.dim() >= 1 else 1
     x2 = x.reshape(-1, cols)
     if scale.dim() == 0:
@@ -310,13 +315,14 @@ def _run(x: torch.Tensor, fmt: FloatFormat, rounding: str, overflow: str, scale:
         s = seed if isinstance(seed, torch.Tensor) else draw_seed(x.device, generator, seed)
     variant = kernel_variant(fmt, rounding, overflow)
     xr, sc = _as_rows(x, scale)
-    with torch.no_grad():
-        if sc is None:
-            out = _kernel_for(variant, None)(xr, p, s, compiled=compiled)
-        else:
-            kind = "pow2" if scale_pow2 else "any"
-            out = _kernel_for(variant, kind)(xr, p, sc.to(torch.float32), s, compiled=compiled)
-    return out.view(x.shape)
+    kernel = _kernel_for(variant, None if sc is None else "pow2" if scale_pow2 else "any")
+    args = (xr, p, s) if sc is None else (xr, p, sc.to(torch.float32), s)
+    if x.requires_grad and torch.is_grad_enabled():  # not differentiable; entering no_grad costs µs per call
+        with torch.no_grad():
+            out = kernel(*args, compiled=compiled)
+    else:
+        out = kernel(*args, compiled=compiled)
+    return out if xr is x else out.view(x.shape)
 
 
 def quantize(x: torch.Tensor, fmt: FloatFormat, rounding: str = "nearest", overflow: str = "saturate",

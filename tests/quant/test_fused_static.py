@@ -11,10 +11,11 @@ import torch
 from quant_testlib import assert_same_bits
 
 import altgrad.quant.fused as fused_mod
-from altgrad.quant import GradQuantizer, QuantSpec, ScalingSpec, TensorQuantizer, get_format
+from altgrad.quant import (GradQuantizer, QuantSpec, ScalingSpec, TensorQuantizer, get_format, quantize,
+                           quantize_scaled)
 from altgrad.quant.fake_quant import _plan
 from altgrad.quant.fused import _signature, fused
-from altgrad.quant.rounding import _kernel, kernel_params, kernel_variant
+from altgrad.quant.rounding import _kernel, _kernel_for, draw_seed, kernel_params, kernel_variant
 
 
 @pytest.fixture(autouse=True)
@@ -125,3 +126,38 @@ def test_static_compiles_off_keeps_every_call_shape_generic(monkeypatch: pytest.
     for _ in range(4):
         assert torch.equal(f(x), x * 3)
     assert not f._static
+
+
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic", "toward_zero"])
+def test_quantize_and_quantize_scaled_switch_to_static_kernels_with_identical_bits(rounding: str) -> None:
+    fmt = get_format("e4m3")
+    g = torch.Generator().manual_seed(1)
+    x2 = torch.randn(24, 40, generator=g) * 30
+    x1 = x2.reshape(-1).clone()
+    leaf = x2.clone().requires_grad_(True)  # quantize is not differentiable: its input may still carry grad
+    row_scale = torch.rand(24, 1, generator=g) + 0.5
+    calls = {
+        "2-D": lambda: quantize(x2, fmt, rounding, seed=9),
+        "1-D": lambda: quantize(x1, fmt, rounding, seed=9),
+        "requires_grad": lambda: quantize(leaf, fmt, rounding, seed=9),
+        "pow2 scale": lambda: quantize_scaled(x2, fmt, torch.tensor(0.25), rounding, seed=9, scale_pow2=True),
+        "row scales": lambda: quantize_scaled(x2, fmt, row_scale, rounding, seed=9),
+    }
+    for name, call in calls.items():
+        with _eager():
+            ref = call()
+        for i in range(4):  # calls 1-2 shape-generic, then the static kernel
+            out = call()
+            assert out.shape == ref.shape and not out.requires_grad, name
+            assert_same_bits(out, ref.detach().numpy(), x2.numpy().reshape(ref.shape), f"{name} call {i}")
+    v = kernel_variant(fmt, rounding, "saturate")
+    assert _static_compiles(_kernel_for(v, None)) >= 1
+    assert _static_compiles(_kernel_for(v, "pow2")) >= 1 and _static_compiles(_kernel_for(v, "any")) >= 1
+
+
+def test_seed_draws_are_int32_and_follow_the_generator() -> None:
+    a = draw_seed(torch.device("cpu"), torch.Generator().manual_seed(3))
+    b = draw_seed(torch.device("cpu"), torch.Generator().manual_seed(3))
+    assert a.dtype == torch.int32 and a.dim() == 0 and int(a) == int(b) and 0 <= int(a) < 2**31 - 1
+    expected = torch.randint(0, 2**31 - 1, (), generator=torch.Generator().manual_seed(3))  # the int64 draw
+    assert int(a) == int(expected)
