@@ -38,8 +38,9 @@ test-slow: $(STAMP) ## run only the slow tests (full default run, torch.compile,
 test-gpu: ## on a CUDA machine (its own torch): CUDA kernels and quantizers vs the CPU reference, bit for bit
 	python3 -m pytest -q -p no:cacheprovider tests/gpu $(ARGS)
 
-bench-gpu: ## on a CUDA machine: quantize at 2^28 vs a device copy, and the 50M model's train step (bf16)
-	python3 -m altgrad.bench quantize --device cuda --log2n 28 --repeats 9
+bench-gpu: ## on a CUDA machine: quantize at 2^24 and 2^28 vs a device copy, and the 50M model's train step (bf16)
+	python3 -m altgrad.bench quantize --device cuda --log2n 24
+	python3 -m altgrad.bench quantize --device cuda --log2n 28
 	python3 -m altgrad.bench step --device cuda --model gpt_50m --vocab 50257 --bf16 --steps 20
 
 sweep: $(STAMP) ## multirun an experiment: make sweep EXP=seeds ARGS='trainer.max_steps=100'

@@ -3,7 +3,10 @@
 Every preset × rounding mode, beside torch's native low-precision round-trip casts and ml_dtypes' round trips.
 Each row is timed right after an x.clone() (interleaved), and its ratio is the median of those pairs, so drift
 of a shared machine cancels; a compiled `x + 0` row shows the floor of any kernel writing fresh memory.
-First calls compile the kernels (reported separately, not timed in the table).
+First calls compile the kernels (reported separately, not timed in the table); like a training loop that has
+called a shape ``ALTGRAD_STATIC_AFTER`` times, the bench times the kernels compiled for the tensor's own shape.
+On CUDA a sample is the device time of ``--calls`` back-to-back calls between two events, per call: the copy
+engine's bandwidth against the kernel's, with the host's launch work overlapped as it is in a training loop.
 Usage: python -m altgrad.bench quantize [--log2n 24] [--repeats 7] [--device cpu|cuda] [--formats e4m3,e5m2]
 """
 
@@ -17,7 +20,9 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from altgrad.bench import steady_state_compiles
 from altgrad.quant import ROUNDINGS, get_format, list_formats, quantize
+from altgrad.quant.fused import fused
 
 _TORCH_CASTS = {"e4m3fn": "float8_e4m3fn", "e5m2": "float8_e5m2", "bf16": "bfloat16", "fp16": "float16"}
 _ML_DTYPES = ("float8_e4m3fn", "float8_e5m2", "float8_e3m4", "float8_e4m3")
@@ -28,16 +33,18 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _time_once(fn: Callable[[], object], device: torch.device) -> tuple[float, float]:
-    """Wall-clock and process-CPU milliseconds of one call (on CUDA: device time between two events)."""
+def _time_once(fn: Callable[[], object], device: torch.device, calls: int = 1) -> tuple[float, float]:
+    """Wall-clock and process-CPU milliseconds of one call (on CUDA: device time per call of ``calls``
+    back-to-back calls between two events)."""
     if device.type == "cuda":
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         c0 = time.process_time()
         start.record()
-        fn()
+        for _ in range(calls):
+            fn()
         end.record()
         end.synchronize()
-        return start.elapsed_time(end), (time.process_time() - c0) * 1e3
+        return start.elapsed_time(end) / calls, (time.process_time() - c0) * 1e3 / calls
     c0, t0 = time.process_time(), time.perf_counter()
     fn()
     _sync(device)
@@ -50,11 +57,14 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=7, help="timed runs per row; the median is reported (>= 5)")
     p.add_argument("--warmup", type=int, default=2, help="untimed runs before timing")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--calls", type=int, default=50, help="CUDA only: back-to-back calls per timed sample")
     p.add_argument("--formats", default=",".join(list_formats()), help="comma-separated preset names")
     p.add_argument("--roundings", default=",".join(ROUNDINGS), help="comma-separated rounding modes")
     args = p.parse_args(argv)
     if args.repeats < 5:
         p.error(f"--repeats={args.repeats} is not valid; valid: an integer >= 5")
+    if args.calls < 1:
+        p.error(f"--calls={args.calls} is not valid; valid: an integer >= 1")
     for name in args.formats.split(","):
         try:
             get_format(name)
@@ -70,6 +80,8 @@ def main(argv: list[str]) -> None:
     """Print the table (ms, Gelem/s, ratio to clone) for every preset × rounding mode and the references."""
     args = _parse(argv)
     device = torch.device(args.device)
+    calls = args.calls if device.type == "cuda" else 1
+    steady_state_compiles()
     n = 1 << args.log2n
     gen = torch.Generator(device=device).manual_seed(0)
     x = torch.randn(n, device=device, generator=gen) * torch.exp2(
@@ -82,7 +94,10 @@ def main(argv: list[str]) -> None:
             quantize(x, get_format(name), rounding)  # tensor: a CUDA kernel's block size follows its first call)
         compile_s[rounding] = time.perf_counter() - t0
 
-    floor = torch.compile(lambda t: t + 0)  # a fused loop with no arithmetic: what any fresh-output kernel costs
+    def plus_zero(t: torch.Tensor) -> torch.Tensor:
+        return t + 0
+
+    floor = fused(plus_zero, static=True)  # a fused loop with no arithmetic: what any fresh-output kernel costs
     floor(x)
     rows.append(("compiled x + 0 (floor)", "-", lambda: floor(x)))
     for name in args.formats.split(","):
@@ -114,8 +129,8 @@ def main(argv: list[str]) -> None:
     samples: list[list[tuple[float, float, float, float]]] = [[] for _ in rows]
     for _ in range(args.repeats):
         for i, (_label, _mode, fn) in enumerate(rows):
-            cw, cc = _time_once(clone, device)
-            w, c = _time_once(fn, device)
+            cw, cc = _time_once(clone, device, calls)
+            w, c = _time_once(fn, device, calls)
             samples[i].append((w, c, cw, cc))
     clone_all = [s for row in samples for s in row]
     clone_ms = (statistics.median(s[2] for s in clone_all), statistics.median(s[3] for s in clone_all))
@@ -127,8 +142,8 @@ def main(argv: list[str]) -> None:
                       statistics.median(s[0] / s[2] for s in row), statistics.median(s[1] / s[3] for s in row)))
 
     print(f"quantize benchmark: {n:,} float32 elements (2^{args.log2n}) on {device}, "
-          f"{torch.get_num_threads()} threads, median of {args.repeats} runs after {args.warmup} warm-up, "
-          f"torch {torch.__version__}")
+          f"{torch.get_num_threads()} threads, median of {args.repeats} runs after {args.warmup} warm-up"
+          f"{f', {calls} back-to-back calls per run' if calls > 1 else ''}, torch {torch.__version__}")
     print("compile (first call, not in the table): "
           + ", ".join(f"{r} {s:.1f} s" for r, s in compile_s.items()))
     cpu = device.type == "cpu"
