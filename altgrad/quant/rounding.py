@@ -317,7 +317,8 @@ def _run(x: torch.Tensor, fmt: FloatFormat, rounding: str, overflow: str, scale:
     xr, sc = _as_rows(x, scale)
     kernel = _kernel_for(variant, None if sc is None else "pow2" if scale_pow2 else "any")
     args = (xr, p, s) if sc is None else (xr, p, sc.to(torch.float32), s)
-    if x.requires_grad and torch.is_grad_enabled():  # not differentiable; entering no_grad costs µs per call
+    if torch.is_grad_enabled() and any(a is not None and a.requires_grad for a in args):  # not differentiable;
+        # entering no_grad costs µs per call, so only when autograd would otherwise record the kernel
         with torch.no_grad():
             out = kernel(*args, compiled=compiled)
     else:

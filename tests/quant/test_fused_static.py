@@ -136,12 +136,14 @@ def test_quantize_and_quantize_scaled_switch_to_static_kernels_with_identical_bi
     x1 = x2.reshape(-1).clone()
     leaf = x2.clone().requires_grad_(True)  # quantize is not differentiable: its input may still carry grad
     row_scale = torch.rand(24, 1, generator=g) + 0.5
+    learnt = torch.tensor(0.75, requires_grad=True)
     calls = {
         "2-D": lambda: quantize(x2, fmt, rounding, seed=9),
         "1-D": lambda: quantize(x1, fmt, rounding, seed=9),
         "requires_grad": lambda: quantize(leaf, fmt, rounding, seed=9),
         "pow2 scale": lambda: quantize_scaled(x2, fmt, torch.tensor(0.25), rounding, seed=9, scale_pow2=True),
         "row scales": lambda: quantize_scaled(x2, fmt, row_scale, rounding, seed=9),
+        "scale with grad": lambda: quantize_scaled(x2, fmt, learnt, rounding, seed=9),
     }
     for name, call in calls.items():
         with _eager():
