@@ -30,6 +30,7 @@ dtype; a format wider than the dtype (e.g. fp16 on a bf16 tensor) is rounded twi
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import struct
@@ -285,7 +286,7 @@ def draw_seed(device: torch.device, generator: torch.Generator | None = None,
     gen_device = generator.device if generator is not None else device
     # drawn as int32 directly: the same value as an int64 draw (the range < 2^32 takes one 32-bit draw either way)
     s = torch.randint(0, 2**31 - 1, (), generator=generator, device=gen_device, dtype=torch.int32)
-    return s if s.device == torch.device(device) else s.to(device)
+    return s.to(device)  # the same tensor where it was drawn on ``device``
 
 
 def _as_rows(x: torch.Tensor, scale: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -317,11 +318,9 @@ def _run(x: torch.Tensor, fmt: FloatFormat, rounding: str, overflow: str, scale:
     xr, sc = _as_rows(x, scale)
     kernel = _kernel_for(variant, None if sc is None else "pow2" if scale_pow2 else "any")
     args = (xr, p, s) if sc is None else (xr, p, sc.to(torch.float32), s)
-    if torch.is_grad_enabled() and any(a is not None and a.requires_grad for a in args):  # not differentiable;
-        # entering no_grad costs µs per call, so only when autograd would otherwise record the kernel
-        with torch.no_grad():
-            out = kernel(*args, compiled=compiled)
-    else:
+    # not differentiable; no_grad (µs per call) only where autograd would otherwise record the kernel
+    needs_grad = torch.is_grad_enabled() and any(a is not None and a.requires_grad for a in args)
+    with torch.no_grad() if needs_grad else contextlib.nullcontext():
         out = kernel(*args, compiled=compiled)
     return out if xr is x else out.view(x.shape)
 

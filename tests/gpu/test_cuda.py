@@ -9,10 +9,8 @@ counter hash. Run on a GPU machine with `python -m pytest tests/gpu`.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "quant"))
-from quant_testlib import assert_same_bits, inputs_for  # noqa: E402
+from quant_testlib import assert_same_bits, eager, inputs_for  # noqa: E402
 
 from altgrad.quant import (GradQuantizer, QuantSpec, ScalingSpec, TensorQuantizer, get_format,  # noqa: E402
                            list_formats, quantize_scaled)
@@ -35,16 +33,6 @@ pytestmark = pytest.mark.skipif(CUDA.type == "cuda" and not torch.cuda.is_availa
 @pytest.fixture(autouse=True)
 def _compile(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ALTGRAD_COMPILE", "1")
-
-
-@contextlib.contextmanager
-def eager() -> Iterator[None]:
-    """The CPU reference side runs the eager kernels."""
-    os.environ["ALTGRAD_COMPILE"] = "0"
-    try:
-        yield
-    finally:
-        os.environ["ALTGRAD_COMPILE"] = "1"
 
 
 def on_cuda(x: torch.Tensor, fmt, scale, rounding: str, overflow: str, compiled: bool) -> torch.Tensor:

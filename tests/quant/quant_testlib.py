@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+from collections.abc import Iterator
+
 import numpy as np
 import torch
 
@@ -44,3 +48,13 @@ def assert_same_bits(ours, ref, x=None, what: str = "") -> None:
         i = np.flatnonzero(bad)[:8]
         where = f" at x={np.asarray(x)[i].tolist()}" if x is not None else ""
         raise AssertionError(f"{what}: {bad.sum()} mismatches{where}: ours={o[i].tolist()} ref={r[i].tolist()}")
+
+
+@contextlib.contextmanager
+def eager() -> Iterator[None]:
+    """The compiler off (``ALTGRAD_COMPILE=0``) inside the block: the eager kernels, the reference side of a test."""
+    os.environ["ALTGRAD_COMPILE"] = "0"
+    try:
+        yield
+    finally:
+        os.environ["ALTGRAD_COMPILE"] = "1"

@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
-import os
-from collections.abc import Iterator
-
 import pytest
 import torch
-from quant_testlib import assert_same_bits
+from quant_testlib import assert_same_bits, eager
 
 import altgrad.quant.fused as fused_mod
 from altgrad.quant import (GradQuantizer, QuantSpec, ScalingSpec, TensorQuantizer, get_format, quantize,
@@ -22,16 +18,6 @@ from altgrad.quant.rounding import _kernel, _kernel_for, draw_seed, kernel_param
 def _compile_soon(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ALTGRAD_COMPILE", "1")
     monkeypatch.setattr(fused_mod, "STATIC_AFTER", 2)
-
-
-@contextlib.contextmanager
-def _eager() -> Iterator[None]:
-    """The compiler off: the eager reference."""
-    os.environ["ALTGRAD_COMPILE"] = "0"
-    try:
-        yield
-    finally:
-        os.environ["ALTGRAD_COMPILE"] = "1"
 
 
 def _static_compiles(f: fused) -> int:
@@ -50,7 +36,7 @@ def test_quantizer_calls_switch_to_static_compile_with_identical_bits(kind: str,
         torch.manual_seed(step)  # the stochastic seed is drawn from torch's generator before the call
         y = fast(x)
         torch.manual_seed(step)
-        with _eager():
+        with eager():
             y_ref = ref(x)
         assert_same_bits(y, y_ref.numpy(), x.numpy(), f"{kind} {rounding} call {step}")
         for a, b in zip(fast.buffers(), ref.buffers()):
@@ -67,7 +53,7 @@ def test_grad_quantizer_backward_takes_the_static_road_with_identical_grads() ->
         fast(w).backward(up)
         g_fast = w.grad.clone()
         w.grad = None
-        with _eager():
+        with eager():
             ref(w).backward(up)
         assert_same_bits(g_fast, w.grad.numpy(), up.numpy(), f"grad step {step}")
         assert torch.equal(fast.stats, ref.stats) and torch.equal(fast.scaler.scale, ref.scaler.scale)
@@ -146,7 +132,7 @@ def test_quantize_and_quantize_scaled_switch_to_static_kernels_with_identical_bi
         "scale with grad": lambda: quantize_scaled(x2, fmt, learnt, rounding, seed=9),
     }
     for name, call in calls.items():
-        with _eager():
+        with eager():
             ref = call()
         for i in range(4):  # calls 1-2 shape-generic, then the static kernel
             out = call()
