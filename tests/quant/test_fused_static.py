@@ -25,7 +25,7 @@ def _static_compiles(f: fused) -> int:
 
 
 @pytest.mark.parametrize("kind,rounding,stats", [("tensor", "nearest", False), ("delayed", "stochastic", True),
-                                                 ("channel", "nearest", True)])
+                                                 ("channel", "nearest", True), ("block", "nearest", False)])
 def test_quantizer_calls_switch_to_static_compile_with_identical_bits(kind: str, rounding: str, stats: bool) -> None:
     spec = QuantSpec(format=get_format("e4m3"), rounding=rounding, scaling=ScalingSpec(kind=kind, history=4))
     fast = TensorQuantizer(spec, role="input", track_stats=stats)
@@ -149,3 +149,40 @@ def test_seed_draws_are_int32_and_follow_the_generator() -> None:
     assert a.dtype == torch.int32 and a.dim() == 0 and int(a) == int(b) and 0 <= int(a) < 2**31 - 1
     expected = torch.randint(0, 2**31 - 1, (), generator=torch.Generator().manual_seed(3))  # the int64 draw
     assert int(a) == int(expected)
+
+
+@pytest.mark.parametrize("kind", ["tensor", "delayed", "channel", "block"])
+def test_a_traced_scale_is_stored_once_and_eager_scales_are_untouched(kind: str) -> None:
+    # Unrealized, inductor's CPU loop recomputes the scale's ~30 scalar operations for every 8 elements it writes.
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from altgrad.quant.scaling import computed_once, make_scaler, scale_consts
+
+    fmt = get_format("e4m3")
+    scaler = make_scaler(ScalingSpec(kind=kind, history=4), fmt)
+    consts = scale_consts(fmt, 0, torch.device("cpu"))
+    x = torch.randn(64, 48)
+
+    def scale(t: torch.Tensor) -> torch.Tensor:
+        return type(scaler).scale_fn(t, consts, scaler.state(), True, "max", 32)[0]
+
+    graph = make_fx(scale)(x).graph
+    forced = [n for n in graph.nodes if n.target is torch.ops.prims.inductor_force_stride_order.default]
+    assert len(forced) == 1, graph
+    assert torch.equal(make_fx(scale)(x)(x), scale(x))
+    s = torch.tensor(4.0)
+    assert computed_once(s) is s  # eager: no copy
+
+
+@pytest.mark.parametrize("cols", [48, 100])
+def test_block_scales_compile_right_when_rows_are_not_whole_blocks(cols: int) -> None:
+    # inductor once miscompiled the expand/reshape/slice form of this: scales past the first block were wrong
+    from altgrad.quant.scaling import block_scale, scale_consts
+
+    consts = scale_consts(get_format("e4m3"), 0, torch.device("cpu"))
+    x = torch.randn(16, cols) * torch.logspace(-3, 3, cols)
+
+    def scaled(t: torch.Tensor) -> torch.Tensor:
+        return t * block_scale(t, consts, (), True, "max", 32)[0]
+
+    assert torch.equal(torch.compile(scaled, dynamic=False)(x), scaled(x))
