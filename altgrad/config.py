@@ -145,6 +145,7 @@ class TrainerSchema:
     deterministic: bool = False
     compile: bool = False
     matmul_precision: str = "highest"
+    keep_freed_memory: bool = True
     peak_flops: Optional[float] = None
     sample_tokens: int = 0
     progress_refresh: int = 10

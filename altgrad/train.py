@@ -22,6 +22,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from altgrad.config import ConfigError, resolve_checkpoint, validate
+from altgrad.host_memory import keep_freed_memory
 
 if TYPE_CHECKING:
     import lightning as L
@@ -232,6 +233,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         _quiet_lightning()
         L.seed_everything(cfg.seed, workers=True, verbose=False)
         torch.set_float32_matmul_precision(cfg.trainer.matmul_precision)
+        if cfg.trainer.keep_freed_memory:
+            keep_freed_memory()
         datamodule = hydra.utils.instantiate(cfg.data, _convert_="all")
         module = build_module(cfg, datamodule.vocab_size)
         callbacks = build_callbacks(cfg, run_dir)

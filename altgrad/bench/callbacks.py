@@ -24,6 +24,7 @@ import lightning as L
 import torch
 
 from altgrad.bench import steady_state_compiles
+from altgrad.host_memory import keep_freed_memory
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 TARGETS = {"default": 1.05, "full": 1.30}
@@ -94,6 +95,8 @@ def build(option: str, fmt: str, steps: int, run_dir: Path) -> tuple[Any, list[A
     from altgrad.train import _instantiate_mapping, build_module
 
     cfg = compose(option, fmt, steps, run_dir)
+    if cfg.trainer.keep_freed_memory:  # the process's malloc as train() sets it
+        keep_freed_memory()
     torch.manual_seed(int(cfg.seed))
     module = build_module(cfg, vocab_size=257)
     callbacks = _instantiate_mapping(cfg.get("callbacks"))

@@ -1,7 +1,7 @@
 """Train-step cost of fake quantization: the nano model with every Linear quantized vs. unquantized, one process.
 
     python -m altgrad.bench step [--format e4m3] [--steps 30] [--no-compile] [--model nano] [--device cpu|cuda]
-                                 [--bf16] [--vocab 257] [--stats-every 10]
+                                 [--bf16] [--vocab 257] [--stats-every 10] [--allocator keep|default]
 
 Each variant is a fresh copy of the same model (same seed); one step = forward + backward + AdamW step. Variants are
 timed in interleaved rounds so drift on a shared machine hits them alike; the table gives medians and the ratio of
@@ -12,6 +12,10 @@ quantizer: a training step where no diagnostic reads them, as FakeQuantCallback 
 on (a step where one does, or quant.stats=always). The amortised row is computed, not timed: statistics on one step
 in ``--stats-every`` (default: trainer.log_every_n_steps of the trainer presets, the cadence of the stability
 metrics), i.e. (1 - 1/N)·off + 1/N·on, from the two medians.
+
+The process's malloc is set up as a training run sets it (``--allocator keep``: trainer.keep_freed_memory=true, the
+default of every trainer preset; altgrad/host_memory.py); ``--allocator default`` leaves glibc's defaults, under
+which the quantized step re-faults freed buffers every step.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from omegaconf import OmegaConf
 from altgrad.bench import steady_state_compiles
 from altgrad.callbacks.fake_quant import FakeQuantCallback
 from altgrad.callbacks.probe import quantizers
+from altgrad.host_memory import keep_freed_memory
 from altgrad.model import GPT, GPTConfig
 from altgrad.quant.fake_quant import set_track_stats
 
@@ -84,11 +89,15 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--bf16", action="store_true", help="bf16 autocast around the forward (as trainer=gpu)")
     parser.add_argument("--stats-every", type=int, default=None,
                         help="amortised row: statistics on 1 step in N (default: trainer.log_every_n_steps, 10)")
+    parser.add_argument("--allocator", choices=("keep", "default"), default="keep",
+                        help="keep: malloc keeps freed blocks, as training does (trainer.keep_freed_memory); "
+                             "default: glibc's own thresholds")
     args = parser.parse_args(argv)
     stats_every = args.stats_every or int(OmegaConf.load(CONF / "trainer" / "cpu.yaml").log_every_n_steps)
     if stats_every < 1:
         raise SystemExit("--stats-every must be >= 1")
     steady_state_compiles()
+    kept = keep_freed_memory() if args.allocator == "keep" else False
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device=cuda: no CUDA GPU is visible; valid here: cpu")
@@ -124,7 +133,7 @@ def main(argv: list[str]) -> None:
              else f"{torch.get_num_threads()} threads")
     print(f"{args.model} model: {n_params / 1e6:.2f}M params, batch {args.batch}x{block} tokens, format {args.format} "
           f"(weight+input) / e5m2 (grad), {'bf16 autocast' if args.bf16 else 'float32'}, torch {torch.__version__}, "
-          f"{where}")
+          f"{where}, malloc {'keeps freed memory' if kept else 'glibc defaults'}")
     print(f"{'compile':<9}{'variant':<50}{'median ms':>10}{'ratio':>8}")
     medians = {k: statistics.median(ts) for k, ts in times.items()}
     w = 1.0 / stats_every
