@@ -70,6 +70,15 @@ def make_step(model: torch.nn.Module, compile_model: bool, bf16: bool = False):
     return step
 
 
+def _page_faults() -> int:
+    """Minor page faults of this process so far (0 where the platform has no getrusage)."""
+    try:
+        import resource
+    except ImportError:
+        return 0
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -120,13 +129,16 @@ def main(argv: list[str]) -> None:
         for _ in range(args.warmup):
             step(idx)
     times: dict[tuple[str, bool], list[float]] = {k: [] for k in variants}
+    faults: dict[tuple[str, bool], list[int]] = {k: [] for k in variants}
     for _ in range(args.steps):
         for key, step in variants.items():
             _sync(device)
+            f0 = _page_faults()
             t0 = time.perf_counter()
             step(idx)
             _sync(device)
             times[key].append(time.perf_counter() - t0)
+            faults[key].append(_page_faults() - f0)
 
     n_params = sum(p.numel() for p in base.parameters())
     where = (torch.cuda.get_device_name(device) if device.type == "cuda"
@@ -134,16 +146,17 @@ def main(argv: list[str]) -> None:
     print(f"{args.model} model: {n_params / 1e6:.2f}M params, batch {args.batch}x{block} tokens, format {args.format} "
           f"(weight+input) / e5m2 (grad), {'bf16 autocast' if args.bf16 else 'float32'}, torch {torch.__version__}, "
           f"{where}, malloc {'keeps freed memory' if kept else 'glibc defaults'}")
-    print(f"{'compile':<9}{'variant':<50}{'median ms':>10}{'ratio':>8}")
+    print(f"{'compile':<9}{'variant':<50}{'median ms':>10}{'ratio':>8}{'page faults/step':>18}")
     medians = {k: statistics.median(ts) for k, ts in times.items()}
     w = 1.0 / stats_every
     for compiled in dict.fromkeys(c for _, c in medians):
         ref = medians[("unquantized", compiled)]
         off, on = medians[("stats off", compiled)], medians[("stats on", compiled)]
-        rows = [("unquantized", ref),
-                ("quantized, stats off (no diagnostic reads them)", off),
-                ("quantized, stats on (a diagnostic step)", on),
-                (f"quantized, stats on 1 step in {stats_every} (amortised*)", (1 - w) * off + w * on)]
-        for name, med in rows:
-            print(f"{'on' if compiled else 'off':<9}{name:<50}{med * 1e3:>10.2f}{med / ref:>8.3f}")
+        flt = {kind: statistics.median(faults[(kind, compiled)]) for kind in ("unquantized", "stats off", "stats on")}
+        rows = [("unquantized", ref, f"{flt['unquantized']:.0f}"),
+                ("quantized, stats off (no diagnostic reads them)", off, f"{flt['stats off']:.0f}"),
+                ("quantized, stats on (a diagnostic step)", on, f"{flt['stats on']:.0f}"),
+                (f"quantized, stats on 1 step in {stats_every} (amortised*)", (1 - w) * off + w * on, "")]
+        for name, med, flts in rows:
+            print(f"{'on' if compiled else 'off':<9}{name:<50}{med * 1e3:>10.2f}{med / ref:>8.3f}{flts:>18}".rstrip())
     print(f"* computed from the two medians above, not timed: {1 - w:.3g}·off + {w:.3g}·on")

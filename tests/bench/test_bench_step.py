@@ -31,9 +31,10 @@ def test_step_table_has_statistics_off_on_and_the_amortised_row(capsys, monkeypa
         torch.set_num_threads(threads)
     assert built == [set(), {False}, {True}]  # unquantized, statistics off, statistics on
     out = capsys.readouterr().out
-    rows = {m[1].strip(): (float(m[2]), float(m[3]))
-            for m in re.finditer(r"^off\s{2,}(.+?)\s+([\d.]+)\s+([\d.]+)$", out, flags=re.M)}
+    found = list(re.finditer(r"^off\s{2,}(.+?)\s+([\d.]+)\s+([\d.]+)(?:\s+(\d+))?$", out, flags=re.M))
+    rows = {m[1].strip(): (float(m[2]), float(m[3])) for m in found}
     assert list(rows) == ["unquantized", OFF, ON, AMORTISED]
+    assert [m[4] is not None for m in found] == [True, True, True, False]  # page faults per timed step
     assert rows["unquantized"][1] == 1.0
     assert abs(rows[AMORTISED][0] - (0.75 * rows[OFF][0] + 0.25 * rows[ON][0])) <= 0.02
     assert "0.75·off + 0.25·on" in out
