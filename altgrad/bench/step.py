@@ -37,6 +37,11 @@ from altgrad.host_memory import keep_freed_memory
 from altgrad.model import GPT, GPTConfig
 from altgrad.quant.fake_quant import set_track_stats
 
+try:
+    import resource  # POSIX only: page-fault counts
+except ImportError:  # pragma: no cover - Windows
+    resource = None
+
 CONF = Path(__file__).resolve().parents[2] / "conf"
 
 
@@ -72,11 +77,7 @@ def make_step(model: torch.nn.Module, compile_model: bool, bf16: bool = False):
 
 def _page_faults() -> int:
     """Minor page faults of this process so far (0 where the platform has no getrusage)."""
-    try:
-        import resource
-    except ImportError:
-        return 0
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt if resource is not None else 0
 
 
 def _sync(device: torch.device) -> None:

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import torch
 
-from altgrad.quant.fused import fused, renamed
+from altgrad.quant.fused import fused, renamed, stored_once
 from altgrad.quant.rounding import Variant, _kernel
 from altgrad.quant.scaling import C_MAX, C_MIN_NORMAL, State, block_scale
 from altgrad.quant.stats import stats_of
@@ -24,8 +24,7 @@ def quant_call_body(x: torch.Tensor, p: torch.Tensor, consts: torch.Tensor, seed
                     state: State, scale_fn: Callable, pow2: bool, reduce: str, block: int, variant: Variant,
                     with_stats: bool) -> tuple[torch.Tensor, torch.Tensor | None, State]:
     """The maths of one quantizer call (what every ``quant_call`` function runs); traceable as it is."""
-    if torch.compiler.is_compiling() and x.device.type == "cpu":
-        x = torch.ops.prims.inductor_force_stride_order(x, x.stride())
+    x = stored_once(x)  # read by the amax pass and the quantize pass: computed once (e.g. a GELU)
     s, new = scale_fn(x, consts, state, pow2, reduce, block)
     y = _kernel(x, p, variant, s, seed, scale_pow2=pow2 or scale_fn is block_scale)
     stats = None

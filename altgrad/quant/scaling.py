@@ -12,9 +12,9 @@ import math
 
 import torch
 from torch import nn
-from torch.fx.experimental.proxy_tensor import get_proxy_mode
 
 from altgrad.quant.format import FloatFormat
+from altgrad.quant.fused import stored_once
 from altgrad.quant.spec import ScalingSpec
 
 _S_MIN = 2.0**-126
@@ -73,28 +73,7 @@ def _scale_from(amax: torch.Tensor, consts: torch.Tensor, prev: torch.Tensor | f
     valid = torch.isfinite(amax) & (amax > 0)
     s = torch.where(valid, exact_reciprocal(torch.where(valid, amax, 1.0)) * consts[C_MAX], prev) * consts[C_MARGIN]
     s = torch.clamp(torch.nan_to_num(s, nan=1.0, posinf=_S_MAX), _S_MIN, _S_MAX).to(torch.float32)
-    return computed_once(pow2_floor(s) if pow2 else s)
-
-
-def computed_once(s: torch.Tensor) -> torch.Tensor:
-    """s, stored in a buffer of its own when traced into an inductor graph for the CPU (identity otherwise).
-
-    Inductor inlines a small pointwise result into every consumer, and its C++ loop cannot hoist loads that may
-    alias the output: a scale left unrealized is recomputed (≈ 30 scalar operations with a float64 reciprocal) for
-    every 8 elements the quantizing loop writes. Realized, the loop loads it: a compiled tensor-scaled quantizer
-    on 2048×512 float32 took 936 → 462 µs (same bits). GPU kernels recompute it per thread at no memory cost.
-    """
-    if s.device.type != "cpu":
-        return s
-    if not torch.compiler.is_compiling():  # (dynamo folds this away; inductor is loaded under torch.compile)
-        if get_proxy_mode() is None:  # not traced by make_fx (fused's static road) either: eager
-            return s
-        from torch._inductor import inductor_prims  # noqa: F401 - registers prims.inductor_force_stride_order
-    force = torch.ops.prims.inductor_force_stride_order
-    if s.numel() == 1:  # one-element tensors are never realized by stride constraints: realize two copies
-        return force(s.reshape(1).expand(2), (1,))[0].reshape(s.shape)
-    # flat: a stride order over size-1 dims is ambiguous (a block scale's (rows, blocks, 1) read back wrong)
-    return force(s.reshape(-1), (1,)).reshape(s.shape)
+    return stored_once(pow2_floor(s) if pow2 else s)  # read by every element's loop
 
 
 # Pure scale functions, one per kind: (x, consts, state, pow2, reduce, block) -> (scale, new state).

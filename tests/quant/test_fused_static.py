@@ -156,7 +156,8 @@ def test_a_traced_scale_is_stored_once_and_eager_scales_are_untouched(kind: str)
     # Unrealized, inductor's CPU loop recomputes the scale's ~30 scalar operations for every 8 elements it writes.
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from altgrad.quant.scaling import computed_once, make_scaler, scale_consts
+    from altgrad.quant.fused import stored_once
+    from altgrad.quant.scaling import make_scaler, scale_consts
 
     fmt = get_format("e4m3")
     scaler = make_scaler(ScalingSpec(kind=kind, history=4), fmt)
@@ -171,7 +172,7 @@ def test_a_traced_scale_is_stored_once_and_eager_scales_are_untouched(kind: str)
     assert len(forced) == 1, graph
     assert torch.equal(make_fx(scale)(x)(x), scale(x))
     s = torch.tensor(4.0)
-    assert computed_once(s) is s  # eager: no copy
+    assert stored_once(s) is s  # eager: no copy
 
 
 @pytest.mark.parametrize("cols", [48, 100])
