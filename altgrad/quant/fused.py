@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 import types
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -99,6 +99,23 @@ STATIC_LIMIT = 16  # static compiles per function; further signatures stay on th
 _TENSOR = object()  # marks where the compiled graph's tensor outputs go back into the output structure
 
 
+def _rebuilder(obj: Any) -> Callable[[Iterator[torch.Tensor]], Any] | None:
+    """A function rebuilding ``obj``'s structure (tuples, lists, constants) around the next tensors of an iterator;
+    None for structures it does not know (then pytree's unflatten does it). About 1 µs instead of pytree's ≈ 10 µs
+    on a quantizer call's ``(y, stats, (state,))``."""
+    if isinstance(obj, torch.Tensor):
+        return next
+    kind = type(obj)
+    if kind is tuple or kind is list:  # (not a NamedTuple and the like: pytree rebuilds those)
+        parts = [_rebuilder(o) for o in obj]
+        if any(b is None for b in parts):
+            return None
+        return lambda it: kind([b(it) for b in parts])  # depth first, left to right: pytree's leaf order
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return lambda it: obj
+    return None
+
+
 class _Static:
     """One signature's inductor-compiled graph: tensors in, the function's output structure back out."""
 
@@ -111,21 +128,26 @@ class _Static:
             full = list(self.template)
             for i, t in zip(self.slots, tensors):
                 full[i] = t
-            leaves, out["spec"] = tree_flatten(fn(*full))
+            result = fn(*full)
+            leaves, out["spec"] = tree_flatten(result)
             out["leaves"] = [_TENSOR if isinstance(x, torch.Tensor) else x for x in leaves]
+            out["rebuild"] = _rebuilder(result)
             return [x for x in leaves if isinstance(x, torch.Tensor)]
 
         tensors = [args[i] for i in self.slots]
         self.compiled = torch._inductor.compile(make_fx(flat)(*tensors), tensors, options=options)
         self.spec, self.leaves = out["spec"], out["leaves"]
         self.single = self.spec.is_leaf()  # fn returns one tensor: no output structure to rebuild
+        self.rebuild = out["rebuild"] or self._unflatten
+
+    def _unflatten(self, results: Iterator[torch.Tensor]) -> Any:
+        return tree_unflatten([next(results) if x is _TENSOR else x for x in self.leaves], self.spec)
 
     def __call__(self, args: tuple[Any, ...]) -> Any:
         results = self.compiled(*[args[i] for i in self.slots])
         if self.single:
             return results[0]
-        results = iter(results)
-        return tree_unflatten([next(results) if x is _TENSOR else x for x in self.leaves], self.spec)
+        return self.rebuild(iter(results))
 
 
 def _signature(args: tuple[Any, ...]) -> tuple | None:

