@@ -137,17 +137,13 @@ class _Static:
         tensors = [args[i] for i in self.slots]
         self.compiled = torch._inductor.compile(make_fx(flat)(*tensors), tensors, options=options)
         self.spec, self.leaves = out["spec"], out["leaves"]
-        self.single = self.spec.is_leaf()  # fn returns one tensor: no output structure to rebuild
-        self.rebuild = out["rebuild"] or self._unflatten
+        self.rebuild = out["rebuild"] or self._unflatten  # (a bare tensor's rebuild is ``next``)
 
     def _unflatten(self, results: Iterator[torch.Tensor]) -> Any:
         return tree_unflatten([next(results) if x is _TENSOR else x for x in self.leaves], self.spec)
 
     def __call__(self, args: tuple[Any, ...]) -> Any:
-        results = self.compiled(*[args[i] for i in self.slots])
-        if self.single:
-            return results[0]
-        return self.rebuild(iter(results))
+        return self.rebuild(iter(self.compiled(*[args[i] for i in self.slots])))
 
 
 def _signature(args: tuple[Any, ...]) -> tuple | None:
