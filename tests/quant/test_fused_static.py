@@ -10,7 +10,7 @@ from quant_testlib import assert_same_bits, eager
 import altgrad.quant.fused as fused_mod
 from altgrad.quant import (GradQuantizer, QuantSpec, ScalingSpec, TensorQuantizer, get_format, quantize,
                            quantize_scaled)
-from altgrad.quant.fake_quant import _plan
+from altgrad.quant.fake_quant import _Direct, _plan
 from altgrad.quant.fused import _rebuilder, _signature, fused
 from altgrad.quant.rounding import _kernel, _kernel_for, draw_seed, kernel_params, kernel_variant
 
@@ -200,3 +200,114 @@ def test_static_output_rebuilder_matches_pytree() -> None:
     assert repr(out) == repr(structure) and type(out[2]) is tuple and type(out[5]) is list
     assert out[0] is a and out[2][0] is b and out[5][0] is c
     assert _rebuilder((a, {"k": b})) is None  # dicts: pytree's unflatten
+
+
+def _count_direct_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """A list that grows by one on every call that takes a quantizer's direct road."""
+    calls: list[int] = []
+    original = _Direct.__call__
+
+    def counted(self, x, seed):  # noqa: ANN001, ANN202
+        calls.append(1)
+        return original(self, x, seed)
+
+    monkeypatch.setattr(_Direct, "__call__", counted)
+    return calls
+
+
+@pytest.mark.parametrize("kind,rounding,stats,training", [
+    ("tensor", "nearest", False, True), ("delayed", "stochastic", True, True), ("channel", "nearest", True, False),
+    ("block", "toward_zero", False, True), ("none", "nearest", True, True)])
+def test_repeated_calls_take_the_direct_road_with_identical_bits(monkeypatch: pytest.MonkeyPatch, kind: str,
+                                                                 rounding: str, stats: bool, training: bool) -> None:
+    calls = _count_direct_calls(monkeypatch)
+    spec = QuantSpec(format=get_format("e4m3"), rounding=rounding, scaling=ScalingSpec(kind=kind, history=3))
+    fast = TensorQuantizer(spec, role="input", track_stats=stats).train(training)
+    ref = TensorQuantizer(spec, role="input", track_stats=stats).train(training)
+    g = torch.Generator().manual_seed(1)
+    for step in range(6):  # call 2 compiles the signature and builds the road; calls 3-6 take it
+        x = (torch.randn(48, 40, generator=g) * 2.0 ** (3 - step)).requires_grad_()
+        torch.manual_seed(step)
+        y = fast(x)
+        torch.manual_seed(step)
+        with eager():
+            y_ref = ref(x)
+        assert_same_bits(y.detach(), y_ref.detach().numpy(), x.detach().numpy(), f"{kind} call {step}")
+        y.sum().backward()  # still straight through
+        assert torch.equal(x.grad, torch.ones_like(x))
+        for (name, a), b in zip(fast.named_buffers(), ref.buffers()):
+            assert torch.equal(a, b), f"{kind}: buffer {name} differs after call {step}"
+    assert len(calls) == 4
+
+
+def test_grad_quantizer_backward_takes_the_direct_road(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = _count_direct_calls(monkeypatch)
+    spec = QuantSpec(format=get_format("e5m2"), rounding="stochastic", scaling=ScalingSpec(kind="delayed", history=2))
+    fast, ref = GradQuantizer(spec), GradQuantizer(spec)
+    for step in range(5):
+        w = torch.randn(24, 8, requires_grad=True)
+        up = torch.randn(24, 8) * 10.0 ** -step
+        torch.manual_seed(step)
+        fast(w).backward(up)
+        g_fast, w.grad = w.grad.clone(), None
+        torch.manual_seed(step)
+        with eager():
+            ref(w).backward(up)
+        assert_same_bits(g_fast, w.grad.numpy(), up.numpy(), f"grad step {step}")
+        for a, b in zip(fast.buffers(), ref.buffers()):
+            assert torch.equal(a, b)
+    assert len(calls) == 3
+
+
+def test_the_direct_road_follows_replaced_buffers_specs_stats_and_the_compile_switch(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = _count_direct_calls(monkeypatch)
+    spec = QuantSpec(format=get_format("e4m3"), scaling=ScalingSpec(kind="tensor"))
+    q = TensorQuantizer(spec, role="input", track_stats=False)
+    x = torch.randn(32, 16) * 100.0
+    for _ in range(3):
+        q(x)
+    assert len(calls) == 1
+    scale = q.scaler.scale.clone()
+
+    old = q.scaler.scale  # a buffer replaced (not copied into): the road must write the new one, not the old
+    q.scaler.scale = torch.zeros(())
+    q(x)
+    assert torch.equal(q.scaler.scale, scale) and torch.equal(old, scale)
+    old.fill_(-1.0)
+    q.load_state_dict({k: v.clone() * 0 for k, v in q.state_dict().items()}, assign=True)
+    q(x)
+    assert torch.equal(q.scaler.scale, scale) and old.item() == -1.0
+
+    q.track_stats = True  # statistics on: another road, which writes them
+    q(x)
+    q(x)
+    assert q.stats.abs().sum() > 0
+    q.stats.zero_()
+    q.track_stats = False
+    q(x)
+    assert q.stats.abs().sum() == 0
+
+    q.spec = QuantSpec(format=get_format("e5m2"), scaling=ScalingSpec(kind="tensor"))  # a new spec: its own grid
+    y = q(x)
+    assert_same_bits(y, quantize_scaled(x, get_format("e5m2"), scale, "nearest", "saturate",
+                                        scale_pow2=True).numpy(), x.numpy(), "after the spec changed")
+
+    n = len(calls)
+    with eager():  # the compiler switched off: no compiled road, direct or not
+        q(x)
+    assert len(calls) == n
+
+
+def test_static_for_returns_only_an_existing_compile(monkeypatch: pytest.MonkeyPatch) -> None:
+    f = fused(lambda a: a + 1, static=True)
+    x = torch.arange(4.0)
+    assert f.static_for(x) is None
+    f(x)
+    assert f.static_for(x) is None  # one call: not compiled yet (STATIC_AFTER = 2)
+    f(x)
+    assert f.static_for(x) is f._static[_signature((x,))] is not None
+    assert f.static_for(torch.arange(5.0)) is None  # another signature
+    assert fused(lambda a: a + 1).static_for(x) is None  # not a static function
+    monkeypatch.setenv("ALTGRAD_COMPILE", "0")
+    assert f.static_for(x) is None
