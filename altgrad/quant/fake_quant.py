@@ -107,8 +107,8 @@ class _Direct:
     """One quantizer's road for one input signature once ``fused`` has compiled that signature: x (and the seed)
     go straight into the compiled graph and its outputs straight into the buffers, with everything else (kernel
     parameters, constants, which buffer each output goes to) resolved when it was built. Same graph as the general
-    road, so the same bits; what it saves is per-call Python (about 40 % of a quantizer call's overhead on a
-    2048x128 input here), paid 35 times per train step."""
+    road, so the same bits; it saves per-call Python, paid 35 times per train step of the nano model: a whole
+    input-quantizer call on 2048x128 (2048x512) took 153 -> 117 µs (317 -> 285 µs) here, interleaved medians."""
 
     __slots__ = ("spec", "scaler", "state", "stats", "run", "head", "dst", "n_dst")
 
