@@ -110,7 +110,7 @@ class _Direct:
     road, so the same bits; it saves per-call Python, paid 35 times per train step of the nano model: a whole
     input-quantizer call on 2048x128 (2048x512) took 153 -> 117 µs (317 -> 285 µs) here, interleaved medians."""
 
-    __slots__ = ("spec", "scaler", "state", "stats", "run", "head", "dst", "n_dst")
+    __slots__ = ("spec", "scaler", "state", "stats", "run", "head", "dst")
 
     def __init__(self, owner: nn.Module, plan: _Plan, static: object, state: tuple[torch.Tensor, ...],
                  update: bool) -> None:
@@ -119,7 +119,6 @@ class _Direct:
         self.run = static.compiled  # tensors in (x, params, consts, [seed], *state), tensors out (y, [stats], *new)
         self.head = (plan.params, plan.consts)
         self.dst = ([self.stats] if self.stats is not None else []) + (list(state) if update else [])
-        self.n_dst = len(self.dst)
 
     def fits(self, owner: nn.Module, state: tuple[torch.Tensor, ...]) -> bool:
         """Whether the owner still has the spec and the very buffers this road writes (not replaced since)."""
@@ -129,8 +128,8 @@ class _Direct:
 
     def __call__(self, x: torch.Tensor, seed: torch.Tensor | None) -> torch.Tensor:
         outs = self.run(x, *self.head, *self.state) if seed is None else self.run(x, *self.head, seed, *self.state)
-        if self.n_dst:
-            torch._foreach_copy_(self.dst, list(outs[1:1 + self.n_dst]))
+        if self.dst:
+            torch._foreach_copy_(self.dst, list(outs[1:1 + len(self.dst)]))
         return outs[0]
 
 

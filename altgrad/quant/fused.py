@@ -127,7 +127,10 @@ def _rebuilder(obj: Any) -> Callable[[Iterator[torch.Tensor]], Any] | None:
 
 
 class _Static:
-    """One signature's inductor-compiled graph: tensors in, the function's output structure back out."""
+    """One signature's inductor-compiled graph: tensors in, the function's output structure back out.
+
+    ``compiled(*tensors)`` is the graph itself: the call's tensor arguments in order, its tensor outputs flat in
+    pytree order (what a caller holding the compile, ``fused.static_for``, calls directly)."""
 
     def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...], options: dict[str, Any] | None) -> None:
         self.slots = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
