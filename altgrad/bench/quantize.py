@@ -5,9 +5,15 @@ Each row is timed right after an x.clone() (interleaved), and its ratio is the m
 of a shared machine cancels; a compiled `x + 0` row shows the floor of any kernel writing fresh memory.
 First calls compile the kernels (reported separately, not timed in the table); like a training loop that has
 called a shape ``ALTGRAD_STATIC_AFTER`` times, the bench times the kernels compiled for the tensor's own shape.
+The process's malloc is set up as a training run sets it (``--allocator keep``: trainer.keep_freed_memory, freed
+blocks reused, so neither x.clone() nor a kernel page-faults its fresh output); ``--allocator default`` leaves
+glibc's, under which a 2^24 tensor is a fresh mmap each call and its 16,384 page faults take ≈ 85 % of either side.
+On the CPU a tensor this large is rounded by the streaming-store kernel (``altgrad.quant.streaming``); the inductor
+kernels it replaces there (same bits, ordinary stores) are shown beside it for one preset.
 On CUDA a sample is the device time of ``--calls`` back-to-back calls between two events, per call: the copy
 engine's bandwidth against the kernel's, with the host's launch work overlapped as it is in a training loop.
 Usage: python -m altgrad.bench quantize [--log2n 24] [--repeats 7] [--device cpu|cuda] [--formats e4m3,e5m2]
+                                       [--allocator keep|default]
 """
 
 from __future__ import annotations
@@ -21,8 +27,11 @@ import numpy as np
 import torch
 
 from altgrad.bench import steady_state_compiles
+from altgrad.host_memory import keep_freed_memory
 from altgrad.quant import ROUNDINGS, get_format, list_formats, quantize
 from altgrad.quant.fused import fused
+from altgrad.quant.rounding import _kernel_for, draw_seed, kernel_params, kernel_variant
+from altgrad.quant.streaming import takes_streaming
 
 _TORCH_CASTS = {"e4m3fn": "float8_e4m3fn", "e5m2": "float8_e5m2", "bf16": "bfloat16", "fp16": "float16"}
 _ML_DTYPES = ("float8_e4m3fn", "float8_e5m2", "float8_e3m4", "float8_e4m3")
@@ -60,6 +69,9 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--calls", type=int, default=50, help="CUDA only: back-to-back calls per timed sample")
     p.add_argument("--formats", default=",".join(list_formats()), help="comma-separated preset names")
     p.add_argument("--roundings", default=",".join(ROUNDINGS), help="comma-separated rounding modes")
+    p.add_argument("--allocator", choices=("keep", "default"), default="keep",
+                   help="keep: malloc keeps freed blocks, as training does (trainer.keep_freed_memory); "
+                        "default: glibc's own thresholds (every large output a fresh, page-faulting mmap)")
     args = p.parse_args(argv)
     if args.repeats < 5:
         p.error(f"--repeats={args.repeats} is not valid; valid: an integer >= 5")
@@ -82,6 +94,7 @@ def main(argv: list[str]) -> None:
     device = torch.device(args.device)
     calls = args.calls if device.type == "cuda" else 1
     steady_state_compiles()
+    kept = keep_freed_memory() if args.allocator == "keep" else False
     n = 1 << args.log2n
     gen = torch.Generator(device=device).manual_seed(0)
     x = torch.randn(n, device=device, generator=gen) * torch.exp2(
@@ -100,6 +113,16 @@ def main(argv: list[str]) -> None:
     floor = fused(plus_zero, static=True)  # a fused loop with no arithmetic: what any fresh-output kernel costs
     floor(x)
     rows.append(("compiled x + 0 (floor)", "-", lambda: floor(x)))
+    streamed = device.type == "cpu" and takes_streaming(x)
+    if streamed:  # the inductor kernels the streaming one replaces at this size: same bits, ordinary stores
+        name = "e4m3" if "e4m3" in args.formats.split(",") else args.formats.split(",")[0]
+        fmt = get_format(name)
+        seed = draw_seed(device, seed=0)
+        for rounding in args.roundings.split(","):
+            inductor = _kernel_for(kernel_variant(fmt, rounding, "saturate"), None)
+            call = (x, kernel_params(fmt, rounding, "saturate", device), seed if rounding == "stochastic" else None)
+            inductor(*call)
+            rows.append((f"{name} (inductor kernel)", rounding, lambda k=inductor, c=call: k(*c)))
     for name in args.formats.split(","):
         fmt = get_format(name)
         for rounding in args.roundings.split(","):
@@ -144,6 +167,8 @@ def main(argv: list[str]) -> None:
     print(f"quantize benchmark: {n:,} float32 elements (2^{args.log2n}) on {device}, "
           f"{torch.get_num_threads()} threads, median of {args.repeats} runs after {args.warmup} warm-up"
           f"{f', {calls} back-to-back calls per run' if calls > 1 else ''}, torch {torch.__version__}")
+    print(f"malloc: {'freed blocks kept, as in training (no page faults)' if kept else 'glibc defaults'}; "
+          f"kernel: {'streaming stores (altgrad/quant/streaming.cpp)' if streamed else 'inductor'}")
     print("compile (first call, not in the table): "
           + ", ".join(f"{r} {s:.1f} s" for r, s in compile_s.items()))
     cpu = device.type == "cpu"

@@ -23,7 +23,8 @@ optional steps a format needs (``Variant``: a handful in all), so formats share 
 ``quantize`` compiles lazily with ``torch.compile(dynamic=True)`` (set ``ALTGRAD_COMPILE=0`` to stay eager) and
 falls back to eager, with one warning, where compilation fails; a shape it sees ``ALTGRAD_STATIC_AFTER`` times
 gets a kernel compiled for that shape alone (``fused``'s static road: less host overhead, and on a GPU the
-faster kernel).
+faster kernel). An unscaled float32 CPU tensor of 2^22 elements or more goes to the same operations written by
+hand with streaming stores (``streaming``: a third less memory traffic on outputs far larger than the caches).
 Inputs of other float dtypes are computed in float32 and cast back: exact when the format is narrower than the
 dtype; a format wider than the dtype (e.g. fp16 on a bf16 tensor) is rounded twice (format, then dtype).
 """
@@ -39,7 +40,8 @@ from typing import NamedTuple
 import torch
 
 from altgrad.quant.format import FloatFormat
-from altgrad.quant.fused import fused, renamed
+from altgrad.quant.fused import compile_enabled, fused, renamed
+from altgrad.quant.streaming import STREAM_MIN_NUMEL, quantize_streaming, takes_streaming
 
 ROUNDINGS = ("nearest", "stochastic", "toward_zero")
 OVERFLOWS = ("saturate", "overflow")
@@ -315,6 +317,9 @@ def _run(x: torch.Tensor, fmt: FloatFormat, rounding: str, overflow: str, scale:
     if rounding == "stochastic":
         s = seed if isinstance(seed, torch.Tensor) else draw_seed(x.device, generator, seed)
     variant = kernel_variant(fmt, rounding, overflow)
+    if (scale is None and compiled and x.numel() >= STREAM_MIN_NUMEL and compile_enabled()
+            and takes_streaming(x)):  # a large output: the kernel's streaming-store twin (same bits)
+        return quantize_streaming(x.detach(), p, variant, s)
     xr, sc = _as_rows(x, scale)
     kernel = _kernel_for(variant, None if sc is None else "pow2" if scale_pow2 else "any")
     args = (xr, p, s) if sc is None else (xr, p, sc.to(torch.float32), s)
