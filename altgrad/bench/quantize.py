@@ -19,6 +19,7 @@ Usage: python -m altgrad.bench quantize [--log2n 24] [--repeats 7] [--device cpu
 from __future__ import annotations
 
 import argparse
+import resource
 import statistics
 import time
 from collections.abc import Callable
@@ -42,9 +43,9 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _time_once(fn: Callable[[], object], device: torch.device, calls: int = 1) -> tuple[float, float]:
-    """Wall-clock and process-CPU milliseconds of one call (on CUDA: device time per call of ``calls``
-    back-to-back calls between two events)."""
+def _time_once(fn: Callable[[], object], device: torch.device, calls: int = 1) -> tuple[float, float, int]:
+    """Wall-clock and process-CPU milliseconds of one call, and the page faults it took (on CUDA: device time per
+    call of ``calls`` back-to-back calls between two events; faults not counted, 0)."""
     if device.type == "cuda":
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         c0 = time.process_time()
@@ -53,11 +54,13 @@ def _time_once(fn: Callable[[], object], device: torch.device, calls: int = 1) -
             fn()
         end.record()
         end.synchronize()
-        return start.elapsed_time(end) / calls, (time.process_time() - c0) * 1e3 / calls
+        return start.elapsed_time(end) / calls, (time.process_time() - c0) * 1e3 / calls, 0
+    f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     c0, t0 = time.process_time(), time.perf_counter()
     fn()
     _sync(device)
-    return (time.perf_counter() - t0) * 1e3, (time.process_time() - c0) * 1e3
+    wall, cpu = (time.perf_counter() - t0) * 1e3, (time.process_time() - c0) * 1e3
+    return wall, cpu, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
@@ -150,19 +153,24 @@ def main(argv: list[str]) -> None:
             clone()
     _sync(device)
     samples: list[list[tuple[float, float, float, float]]] = [[] for _ in rows]
+    faults: list[list[int]] = [[] for _ in rows]
+    clone_faults: list[int] = []
     for _ in range(args.repeats):
         for i, (_label, _mode, fn) in enumerate(rows):
-            cw, cc = _time_once(clone, device, calls)
-            w, c = _time_once(fn, device, calls)
+            cw, cc, cf = _time_once(clone, device, calls)
+            w, c, f = _time_once(fn, device, calls)
             samples[i].append((w, c, cw, cc))
+            faults[i].append(f)
+            clone_faults.append(cf)
     clone_all = [s for row in samples for s in row]
     clone_ms = (statistics.median(s[2] for s in clone_all), statistics.median(s[3] for s in clone_all))
-    table: list[tuple[str, str, float, float, float, float, float]] = [
-        ("x.clone()", "-", *clone_ms, clone_ms[0], 1.0, 1.0)]
-    for (label, mode, _fn), row in zip(rows, samples):
+    table: list[tuple[str, str, float, float, float, float, float, float]] = [
+        ("x.clone()", "-", *clone_ms, clone_ms[0], 1.0, 1.0, statistics.median(clone_faults))]
+    for (label, mode, _fn), row, row_faults in zip(rows, samples, faults):
         table.append((label, mode, statistics.median(s[0] for s in row), statistics.median(s[1] for s in row),
                       statistics.median(s[2] for s in row),
-                      statistics.median(s[0] / s[2] for s in row), statistics.median(s[1] / s[3] for s in row)))
+                      statistics.median(s[0] / s[2] for s in row), statistics.median(s[1] / s[3] for s in row),
+                      statistics.median(row_faults)))
 
     print(f"quantize benchmark: {n:,} float32 elements (2^{args.log2n}) on {device}, "
           f"{torch.get_num_threads()} threads, median of {args.repeats} runs after {args.warmup} warm-up"
@@ -176,14 +184,14 @@ def main(argv: list[str]) -> None:
             f"| {'x clone':>8} |")
     rule = f"|{'-' * 28}|{'-' * 13}|{'-' * 10}|{'-' * 10}|{'-' * 14}|{'-' * 10}|"
     if cpu:
-        head += f" {'CPU ms':>8} | {'CPU x clone':>11} |"
-        rule += f"{'-' * 10}|{'-' * 13}|"
+        head += f" {'CPU ms':>8} | {'CPU x clone':>11} | {'faults':>7} |"
+        rule += f"{'-' * 10}|{'-' * 13}|{'-' * 9}|"
     print(head)
     print(rule)
-    for label, mode, ms, cms, paired, ratio, cratio in table:
+    for label, mode, ms, cms, paired, ratio, cratio, nfaults in table:
         line = f"| {label:<26} | {mode:<11} | {ms:8.2f} | {n / ms / 1e6:8.3f} | {paired:12.2f} | {ratio:7.2f}x |"
         if cpu:
-            line += f" {cms:8.2f} | {cratio:10.2f}x |"
+            line += f" {cms:8.2f} | {cratio:10.2f}x | {nfaults:7.0f} |"
         print(line)
     # Every preset of one kernel variant runs the same branch-free code (formats are data), so differences
     # between presets are mostly noise: the median over presets is the steadier figure per rounding mode.

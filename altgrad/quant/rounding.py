@@ -40,7 +40,7 @@ from typing import NamedTuple
 import torch
 
 from altgrad.quant.format import FloatFormat
-from altgrad.quant.fused import compile_enabled, fused, renamed
+from altgrad.quant.fused import fused, renamed
 from altgrad.quant.streaming import STREAM_MIN_NUMEL, quantize_streaming, takes_streaming
 
 ROUNDINGS = ("nearest", "stochastic", "toward_zero")
@@ -317,8 +317,8 @@ def _run(x: torch.Tensor, fmt: FloatFormat, rounding: str, overflow: str, scale:
     if rounding == "stochastic":
         s = seed if isinstance(seed, torch.Tensor) else draw_seed(x.device, generator, seed)
     variant = kernel_variant(fmt, rounding, overflow)
-    if (scale is None and compiled and x.numel() >= STREAM_MIN_NUMEL and compile_enabled()
-            and takes_streaming(x)):  # a large output: the kernel's streaming-store twin (same bits)
+    if scale is None and compiled and x.numel() >= STREAM_MIN_NUMEL and takes_streaming(x):
+        # a large output: the kernel's streaming-store twin (same bits)
         return quantize_streaming(x.detach(), p, variant, s)
     xr, sc = _as_rows(x, scale)
     kernel = _kernel_for(variant, None if sc is None else "pow2" if scale_pow2 else "any")
