@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from altgrad.bench import steady_state_compiles
-from altgrad.host_memory import keep_freed_memory
+from altgrad.host_memory import freed_memory_kept, keep_freed_memory
 from altgrad.quant import ROUNDINGS, get_format, list_formats, quantize
 from altgrad.quant.fused import fused
 from altgrad.quant.rounding import _kernel_for, draw_seed, kernel_params, kernel_variant
@@ -176,7 +176,8 @@ def main(argv: list[str]) -> None:
           f"{torch.get_num_threads()} threads, median of {args.repeats} runs after {args.warmup} warm-up"
           f"{f', {calls} back-to-back calls per run' if calls > 1 else ''}, torch {torch.__version__}")
     print(f"malloc: {'freed blocks kept, as in training (no page faults)' if kept else 'glibc defaults'}; "
-          f"kernel: {'streaming stores (altgrad/quant/streaming.cpp)' if streamed else 'inductor'}")
+          f"kernel: {'hand-written AVX2 (altgrad/quant/streaming.cpp)' if streamed else 'inductor'}"
+          f"{(', streaming stores' if freed_memory_kept() else ', ordinary stores') if streamed else ''}")
     print("compile (first call, not in the table): "
           + ", ".join(f"{r} {s:.1f} s" for r, s in compile_s.items()))
     cpu = device.type == "cpu"
