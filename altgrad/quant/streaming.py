@@ -1,14 +1,14 @@
-"""quantize of large float32 CPU tensors with streaming stores (streaming.cpp): bit for bit the inductor kernel's
-result, for every format, rounding mode and seed.
+"""quantize of large float32 CPU tensors by a hand-written AVX2 kernel (streaming.cpp): bit for bit the inductor
+kernel's result, for every format, rounding mode and seed.
 
 A kernel writing a fresh output far larger than the caches pays three memory streams with ordinary stores (read x,
 read each output line for ownership, write it back); streaming stores skip the middle one. Inductor's C++ backend
-emits no streaming store, so for outputs of ``STREAM_MIN_NUMEL`` elements and more ``quantize`` runs this
-hand-written AVX2 twin of ``rounding._kernel`` instead (it also does the stochastic hash in fewer vector operations:
-inductor moves every int/float bit cast through a stack buffer). Measured on the 2-core CPU at 2^24 float32 with
-freed memory kept (trainer.keep_freed_memory; no page faults on either side): see docs/benchmarks/quantize.md.
-Below 2^22 elements (input and output then fit the 32 MiB L3) ordinary stores leave the result in cache for its
-reader, and the inductor kernel stays.
+emits no streaming store, so for outputs of ``STREAM_MIN_NUMEL`` elements and more ``quantize`` runs this twin of
+``rounding._kernel`` instead, with streaming stores where the process keeps freed memory (``host_memory``; a fresh
+mmap'd output is better served by ordinary ones). The same arithmetic also runs faster here than in inductor's
+kernel, stochastic rounding ≈ 2.4× (not profiled: docs/benchmarks/quantize.md, with the measured ratios to
+``x.clone()``). Below 2^22 elements (input and output then fit the 32 MiB L3) ordinary stores leave the result in
+cache for its reader, and the inductor kernel stays.
 The library is built on first use by inductor's C++ code cache (its compiler, flags and on-disk cache); where that
 fails or the CPU lacks AVX2, a warning says so once and the inductor kernel serves every size.
 """
