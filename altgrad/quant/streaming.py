@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
+from torch._C._functorch import is_functorch_wrapped_tensor
 
 from altgrad.host_memory import freed_memory_kept
 from altgrad.quant.fused import compile_enabled
@@ -63,9 +64,11 @@ def takes_streaming(x: torch.Tensor) -> bool:
     """Whether ``quantize`` rounds x (unscaled) with the streaming kernel: a plain contiguous float32 CPU tensor of
     at least ``STREAM_MIN_NUMEL`` elements (and fewer than 2^31: the hash's int32 counter), outside any tracing,
     with the compiler on (``ALTGRAD_COMPILE=0`` keeps every kernel eager)."""
-    return (STREAM_MIN_NUMEL <= x.numel() < 2**31 and x.device.type == "cpu" and x.dtype == torch.float32
+    return (not torch.compiler.is_compiling() and STREAM_MIN_NUMEL <= x.numel() < 2**31
+            and x.device.type == "cpu" and x.dtype == torch.float32
             and type(x) in (torch.Tensor, torch.nn.Parameter) and x.is_contiguous()
-            and not torch.compiler.is_compiling() and compile_enabled() and _library() is not None)
+            and not is_functorch_wrapped_tensor(x)  # (vmap, grad: no storage of their own)
+            and compile_enabled() and _library() is not None)
 
 
 def quantize_streaming(x: torch.Tensor, p: torch.Tensor, variant: Variant, seed: torch.Tensor | None,

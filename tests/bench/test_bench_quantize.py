@@ -38,7 +38,6 @@ def test_a_large_tensor_names_the_streaming_kernel_beside_the_inductor_one(
     if streaming._library() is None:
         pytest.skip("no AVX2 or no C++ compiler here")
     monkeypatch.setattr(streaming, "STREAM_MIN_NUMEL", 512)  # 2^10 elements count as large
-    monkeypatch.setattr("altgrad.quant.rounding.STREAM_MIN_NUMEL", 512)
     monkeypatch.setattr(fused, "STATIC_AFTER", 0)
     bench.main(["--log2n", "10", "--repeats", "5", "--warmup", "1", "--formats", "e5m2", "--roundings", "nearest",
                 "--allocator", "default"])

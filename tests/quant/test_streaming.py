@@ -85,7 +85,6 @@ def test_any_thread_count_and_an_unaligned_input(threads: int) -> None:
 def small_threshold(monkeypatch: pytest.MonkeyPatch) -> list[torch.Tensor]:
     """quantize takes the streaming road from 64 elements on, with the compiler on; the calls it makes are recorded."""
     monkeypatch.setattr(streaming, "STREAM_MIN_NUMEL", 64)
-    monkeypatch.setattr(rounding, "STREAM_MIN_NUMEL", 64)
     monkeypatch.setenv("ALTGRAD_COMPILE", "1")
     taken: list[torch.Tensor] = []
     real = streaming.quantize_streaming
@@ -113,6 +112,8 @@ def test_quantize_takes_it_for_large_plain_tensors_only(small_threshold: list[to
     assert not streaming.takes_streaming(torch.randn(200, dtype=torch.float64))  # not float32
     assert not streaming.takes_streaming(torch.randn(200, device="meta"))
     quantize_eager(torch.randn(200), fmt)  # the eager reference stays eager
+    batch = torch.randn(3, 100)
+    same_int_bits(torch.vmap(lambda t: quantize(t, fmt))(batch), quantize_eager(batch, fmt), "vmap")  # no storage
     torch.compile(lambda t: quantize(t, fmt), backend="eager", fullgraph=True)(torch.randn(200))  # traced
     assert len(small_threshold) == 3
 
