@@ -9,8 +9,9 @@ mmap'd output is better served by ordinary ones). The same arithmetic also runs 
 kernel, stochastic rounding ≈ 2.4× (not profiled: docs/benchmarks/quantize.md, with the measured ratios to
 ``x.clone()``). Below 2^22 elements (input and output then fit the 32 MiB L3) ordinary stores leave the result in
 cache for its reader, and the inductor kernel stays.
-The library is built on first use by inductor's C++ code cache (its compiler, flags and on-disk cache); where that
-fails or the CPU lacks AVX2, a warning says so once and the inductor kernel serves every size.
+The library is built on first use by inductor's C++ code cache (its compiler, flags and on-disk cache: ≈ 9 s here,
+once per machine); where that fails or the CPU lacks AVX2, a warning says so once and the inductor kernel serves
+every size.
 """
 
 from __future__ import annotations
