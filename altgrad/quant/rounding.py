@@ -24,7 +24,8 @@ optional steps a format needs (``Variant``: a handful in all), so formats share 
 falls back to eager, with one warning, where compilation fails; a shape it sees ``ALTGRAD_STATIC_AFTER`` times
 gets a kernel compiled for that shape alone (``fused``'s static road: less host overhead, and on a GPU the
 faster kernel). An unscaled float32 CPU tensor of 2^22 elements or more goes to the same operations written by
-hand with streaming stores (``streaming``: a third less memory traffic on outputs far larger than the caches).
+hand (``streaming``: with streaming stores where freed memory is kept, a third less memory traffic on outputs far
+larger than the caches).
 Inputs of other float dtypes are computed in float32 and cast back: exact when the format is narrower than the
 dtype; a format wider than the dtype (e.g. fp16 on a bf16 tensor) is rounded twice (format, then dtype).
 """

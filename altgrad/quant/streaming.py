@@ -97,6 +97,7 @@ def quantize_streaming(x: torch.Tensor, p: torch.Tensor, variant: Variant, seed:
         raise RuntimeError("quantize_streaming: the output is not 32-byte aligned")
     if stream is None:
         stream = freed_memory_kept()
-    lib.quantize_streaming(x.data_ptr(), y.data_ptr(), x.numel(), p.data_ptr(), rounding, flags,
-                           0 if seed is None else int(seed), int(stream), torch.get_num_threads())
+    if lib.quantize_streaming(x.data_ptr(), y.data_ptr(), x.numel(), p.data_ptr(), rounding, flags,
+                              0 if seed is None else int(seed), int(stream), torch.get_num_threads()) != 0:
+        raise RuntimeError(f"quantize_streaming: the kernel refused rounding mode {variant.rounding!r}")
     return y
