@@ -1,6 +1,7 @@
 // quantize for large float32 tensors, writing the result with streaming stores: the same operations as rounding.py's
-// kernel (``_round_bits``, ``_finish``, ``random_bits``), lane for lane on the float32 bit patterns as int32, so the
-// same bits for every format, rounding mode and seed.
+// kernel (``_round_bits``, ``_finish``, ``random_bits``) on the float32 bit patterns as int32, so the same bits for
+// every format, rounding mode and seed. Lane for lane, except where an exact shortcut gives the same value with fewer
+// vector operations (k·q as one float multiply-add; the hash key folded into the element counter).
 //
 // Nearest takes the one-add road (|x| + C − C, C = 2^(e+23−M), e = |x|'s binade held in [emin, emax]) or, for
 // ``bit_round`` variants, the bias-and-mask road with the subnormal one-add; stochastic and toward-zero cut the
@@ -35,8 +36,8 @@ namespace {
 constexpr int32_t kAbs = 0x7FFFFFFF, kInf = 0x7F800000, kNan = 0x7FC00000, kExp = 0x7F800000;
 
 struct Params {
-  __m256i shift, low, not_low, half, lsb, flip, max, ovf, ovf_inf, magic, emin, emax, cshift;
-  __m256 y1, y2;
+  __m256i shift, low, not_low, half, lsb, flip, max, ovf, ovf_inf, magic, emin, emin_less1, emax, cshift;
+  __m256 y1, y2, q;  // q: the quantum below the smallest normal (0 where it is not a normal float32)
 };
 
 inline __m256 as_float(__m256i v) { return _mm256_castsi256_ps(v); }
@@ -93,14 +94,26 @@ inline __m256i round8(__m256i bits, __m256i r, const Params& p) {
       __m256 y = _mm256_mul_ps(as_float(a), p.y1);
       if constexpr (kFlags & WIDE_QUANTUM) y = _mm256_mul_ps(y, p.y2);
       const __m256 yi = _mm256_floor_ps(y);
-      __m256i k = _mm256_cvttps_epi32(yi);
+      __m256 up = _mm256_setzero_ps();  // all ones where k = floor(y) takes + 1
       if constexpr (kRounding == STOCHASTIC) {
         const __m256 u = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(r, 8)), _mm256_set1_ps(0x1p-24f));
-        k = _mm256_sub_epi32(k, as_int(_mm256_cmp_ps(_mm256_sub_ps(y, yi), u, _CMP_GT_OQ)));  // true = −1
+        up = _mm256_cmp_ps(_mm256_sub_ps(y, yi), u, _CMP_GT_OQ);
       }
-      sub = as_int(_mm256_sub_ps(as_float(_mm256_add_epi32(p.magic, k)), as_float(p.magic)));
+      if constexpr (kFlags & WIDE_QUANTUM) {  // q is below float32's normals: k·q as rounding.py forms it
+        const __m256i k = _mm256_sub_epi32(_mm256_cvttps_epi32(yi), as_int(up));  // true = −1
+        sub = as_int(_mm256_sub_ps(as_float(_mm256_add_epi32(p.magic, k)), as_float(p.magic)));
+      } else {
+        // k·q straight from the float k: exact (k < 2^M ≤ 2^23 and q a normal power of two), so the same value as
+        // rounding.py's C + k·q − C, in two vector operations fewer
+        const __m256 q_if_up = _mm256_and_ps(up, p.q);
+#ifdef __FMA__
+        sub = as_int(_mm256_fmadd_ps(yi, p.q, q_if_up));
+#else
+        sub = as_int(_mm256_add_ps(_mm256_mul_ps(yi, p.q), q_if_up));
+#endif
+      }
     }
-    m = _mm256_blendv_epi8(normal, sub, _mm256_cmpgt_epi32(p.emin, a));  // a < emin ? sub : normal
+    m = _mm256_blendv_epi8(sub, normal, _mm256_cmpgt_epi32(a, p.emin_less1));  // a ≥ emin ? normal : sub
   }
   if constexpr (kFlags & SATURATES) {
     m = _mm256_min_epi32(m, p.max);
@@ -117,10 +130,11 @@ inline __m256i round8(__m256i bits, __m256i r, const Params& p) {
   return _mm256_blendv_epi8(out, splat(kNan), _mm256_cmpgt_epi32(a0, inf));
 }
 
-// r of element i: fmix32(i·φ + key), φ = 0x9E3779B1 (``rounding.random_bits``); h holds i·φ for lanes i .. i + 7.
+// r of element i: fmix32(i·φ + key), φ = 0x9E3779B1 (``rounding.random_bits``); h holds i·φ + key for lanes
+// i .. i + 7 (the key folded into the counter: one vector operation fewer per 8 elements).
 template <int kRounding>
-inline __m256i random8(__m256i h, __m256i key) {
-  if constexpr (kRounding == STOCHASTIC) return mix32(_mm256_add_epi32(h, key));
+inline __m256i random8(__m256i h) {
+  if constexpr (kRounding == STOCHASTIC) return mix32(h);
   return _mm256_setzero_si256();
 }
 
@@ -129,8 +143,9 @@ constexpr uint32_t kPhi = 0x9E3779B1u;
 template <int kRounding, int kFlags>
 void run(const int32_t* x, int32_t* y, int64_t n, const Params& p, uint32_t key32, bool stream, int threads) {
   const int64_t vecs = n / 8;
-  const __m256i key = splat(static_cast<int32_t>(key32));
-  const __m256i lanes = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), splat(static_cast<int32_t>(kPhi)));
+  const __m256i lanes = _mm256_add_epi32(  // i·φ + key for i = 0 .. 7
+      _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), splat(static_cast<int32_t>(kPhi))),
+      splat(static_cast<int32_t>(key32)));
   const __m256i step = splat(static_cast<int32_t>(8u * kPhi));
 #pragma omp parallel num_threads(threads)
   {
@@ -141,7 +156,7 @@ void run(const int32_t* x, int32_t* y, int64_t n, const Params& p, uint32_t key3
       for (int64_t v = begin; v < end; ++v) {
         const __m256i in = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 8 * v));
         _mm256_stream_si256(reinterpret_cast<__m256i*>(y + 8 * v),
-                            round8<kRounding, kFlags>(in, random8<kRounding>(h, key), p));
+                            round8<kRounding, kFlags>(in, random8<kRounding>(h), p));
         h = _mm256_add_epi32(h, step);
       }
       _mm_sfence();  // streaming stores are weakly ordered: make them visible before the tensor is read
@@ -149,7 +164,7 @@ void run(const int32_t* x, int32_t* y, int64_t n, const Params& p, uint32_t key3
       for (int64_t v = begin; v < end; ++v) {
         const __m256i in = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 8 * v));
         _mm256_store_si256(reinterpret_cast<__m256i*>(y + 8 * v),
-                           round8<kRounding, kFlags>(in, random8<kRounding>(h, key), p));
+                           round8<kRounding, kFlags>(in, random8<kRounding>(h), p));
         h = _mm256_add_epi32(h, step);
       }
     }
@@ -159,7 +174,7 @@ void run(const int32_t* x, int32_t* y, int64_t n, const Params& p, uint32_t key3
     std::memcpy(buf, x + done, sizeof(int32_t) * (n - done));
     const __m256i h = _mm256_add_epi32(lanes, splat(static_cast<int32_t>(static_cast<uint32_t>(done) * kPhi)));
     const __m256i out = round8<kRounding, kFlags>(_mm256_load_si256(reinterpret_cast<const __m256i*>(buf)),
-                                                  random8<kRounding>(h, key), p);
+                                                  random8<kRounding>(h), p);
     _mm256_store_si256(reinterpret_cast<__m256i*>(buf), out);
     std::memcpy(y + done, buf, sizeof(int32_t) * (n - done));
   }
@@ -203,12 +218,17 @@ int streaming_lanes() {
 int quantize_streaming(const int32_t* x, int32_t* y, int64_t n, const int32_t* p, int rounding, int flags,
                        int32_t seed, int stream, int threads) {
 #ifdef ALTGRAD_AVX2
+  // C = 2^(qexp+23) = magic: q = 2^qexp, a normal float32 from qexp = −126 up
+  const int32_t qexp = ((p[P_MAGIC] >> 23) & 0xFF) - 127 - 23;
+  const int32_t q_bits = qexp >= -126 ? (qexp + 127) << 23 : 0;
   const Params params{splat(p[P_SHIFT]), splat(p[P_LOW]), splat(~p[P_LOW]), splat(p[P_HALF]), splat(p[P_LSB]),
                       splat(p[P_FLIP]), splat(p[P_MAX]), splat(p[P_OVF]), splat(p[P_OVF_INF]), splat(p[P_MAGIC]),
-                      splat(p[P_EMIN_BITS]), splat(p[P_EMAX_BITS]), splat(p[P_CSHIFT]),
-                      as_float(splat(p[P_Y1])), as_float(splat(p[P_Y2]))};
+                      splat(p[P_EMIN_BITS]), splat(p[P_EMIN_BITS] - 1), splat(p[P_EMAX_BITS]), splat(p[P_CSHIFT]),
+                      as_float(splat(p[P_Y1])), as_float(splat(p[P_Y2])), as_float(splat(q_bits))};
   const uint32_t key = mix32(static_cast<uint32_t>(seed) ^ 0x5BD1E995u);
-  const int cut = (flags & ZERO_SIGN ? 1 : 0) | (flags & SATURATES ? 2 : 0) | (flags & WIDE_QUANTUM ? 4 : 0);
+  // a subnormal q takes the magic-number road of the WIDE_QUANTUM kernels (there y2 = 1, an exact multiply)
+  const bool magic_road = (flags & WIDE_QUANTUM) || q_bits == 0;
+  const int cut = (flags & ZERO_SIGN ? 1 : 0) | (flags & SATURATES ? 2 : 0) | (magic_road ? 4 : 0);
   switch (rounding) {
     case NEAREST:
       kNearest[flags & (BIT_ROUND | TIE_FLIP | ZERO_SIGN | SATURATES)](x, y, n, params, key, stream != 0, threads);

@@ -56,6 +56,18 @@ def test_every_preset_and_policy_gives_the_eager_kernels_bits(mode: str, stream:
                           quantize_eager(x, fmt, mode, overflow, seed=77), f"{name} {mode} {overflow}")
 
 
+@pytest.mark.parametrize("mode", ["stochastic", "toward_zero"])
+def test_the_quantum_at_float32s_smallest_normal(mode: str) -> None:
+    """Below the smallest normal the kernel forms k·q with one float multiply-add while q = 2^(emin−M) is a normal
+    float32 and by rounding.py's magic number from 2^−127 down: both sides of that edge give the eager bits."""
+    for mbits in range(4):  # q = 2^−126 (the smallest normal float32), 2^−127, 2^−128, 2^−129
+        fmt = FloatFormat(8, mbits, 127, "ieee")
+        x = torch.from_numpy(inputs_for(fmt, 20_003, seed=5))
+        for overflow in OVERFLOWS:
+            same_int_bits(streamed(x, fmt, mode, overflow, seed=11), quantize_eager(x, fmt, mode, overflow, seed=11),
+                          f"{fmt} {mode} {overflow}")
+
+
 def test_against_ml_dtypes_directly() -> None:
     for fmt, dtype in [(get_format("e4m3"), ml_dtypes.float8_e4m3fn), (get_format("e5m2"), ml_dtypes.float8_e5m2)]:
         x = inputs_for(fmt, 200_000, seed=1)
