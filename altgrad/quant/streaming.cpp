@@ -139,6 +139,31 @@ inline __m256i random8(__m256i h) {
 }
 
 constexpr uint32_t kPhi = 0x9E3779B1u;
+// How far ahead of the loads a span asks for its input: 32 cache lines. The hardware prefetcher alone leaves this
+// loop ≈ 20 % slower than a streaming copy (measured from 1 to 8 KiB ahead: 1.5–4 KiB all reach the copy's time).
+constexpr int kPrefetchBytes = 2048;
+
+// Elements 8·begin .. 8·end − 1; h holds the counters of the first 8, ``step`` advances them by 8 elements.
+template <int kRounding, int kFlags, bool kStream>
+inline void span(const int32_t* x, int32_t* y, int64_t begin, int64_t end, __m256i h, __m256i step, const Params& p) {
+  const auto one = [&](int64_t v) {
+    const __m256i out = round8<kRounding, kFlags>(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 8 * v)),
+                                                  random8<kRounding>(h), p);
+    if constexpr (kStream) {
+      _mm256_stream_si256(reinterpret_cast<__m256i*>(y + 8 * v), out);
+    } else {
+      _mm256_store_si256(reinterpret_cast<__m256i*>(y + 8 * v), out);
+    }
+    h = _mm256_add_epi32(h, step);
+  };
+  int64_t v = begin;
+  for (; v + 1 < end; v += 2) {  // two vectors = one 64-byte line of input per prefetch (a hint: never faults)
+    _mm_prefetch(reinterpret_cast<const char*>(x + 8 * v) + kPrefetchBytes, _MM_HINT_T0);
+    one(v);
+    one(v + 1);
+  }
+  if (v < end) one(v);
+}
 
 template <int kRounding, int kFlags>
 void run(const int32_t* x, int32_t* y, int64_t n, const Params& p, uint32_t key32, bool stream, int threads) {
@@ -151,22 +176,12 @@ void run(const int32_t* x, int32_t* y, int64_t n, const Params& p, uint32_t key3
   {
     const int t = omp_get_thread_num(), nt = omp_get_num_threads();
     const int64_t begin = vecs * t / nt, end = vecs * (t + 1) / nt;  // one contiguous span per thread
-    __m256i h = _mm256_add_epi32(lanes, splat(static_cast<int32_t>(static_cast<uint32_t>(8 * begin) * kPhi)));
+    const __m256i h = _mm256_add_epi32(lanes, splat(static_cast<int32_t>(static_cast<uint32_t>(8 * begin) * kPhi)));
     if (stream) {
-      for (int64_t v = begin; v < end; ++v) {
-        const __m256i in = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 8 * v));
-        _mm256_stream_si256(reinterpret_cast<__m256i*>(y + 8 * v),
-                            round8<kRounding, kFlags>(in, random8<kRounding>(h), p));
-        h = _mm256_add_epi32(h, step);
-      }
+      span<kRounding, kFlags, true>(x, y, begin, end, h, step, p);
       _mm_sfence();  // streaming stores are weakly ordered: make them visible before the tensor is read
     } else {  // a freshly mapped output: its page faults bring each page into the cache zeroed, so plain stores
-      for (int64_t v = begin; v < end; ++v) {
-        const __m256i in = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 8 * v));
-        _mm256_store_si256(reinterpret_cast<__m256i*>(y + 8 * v),
-                           round8<kRounding, kFlags>(in, random8<kRounding>(h), p));
-        h = _mm256_add_epi32(h, step);
-      }
+      span<kRounding, kFlags, false>(x, y, begin, end, h, step, p);
     }
   }
   if (const int64_t done = vecs * 8; done < n) {  // the last n mod 8 elements, padded to a vector
