@@ -75,23 +75,22 @@ inline __m256i round8(__m256i bits, __m256i r, const Params& p) {
     m = as_int(_mm256_sub_ps(_mm256_add_ps(as_float(a0), c), c));
   } else {
     // rounding.py first clamps |x| to Inf (a NaN payload would overflow its adds); a NaN lane's result is replaced
-    // by NaN at the end whatever it is, so that clamp is left out here (one vector operation fewer)
-    const __m256i a = a0;
+    // by NaN at the end whatever it is, so the roads below take a0 unclamped (one vector operation fewer)
     __m256i normal, sub;
     if constexpr (kRounding == NEAREST) {
-      __m256i parity = _mm256_srav_epi32(a, p.shift);
+      __m256i parity = _mm256_srav_epi32(a0, p.shift);
       if constexpr (kFlags & TIE_FLIP) parity = _mm256_xor_si256(parity, p.flip);
       const __m256i bias = _mm256_add_epi32(p.half, _mm256_and_si256(parity, p.lsb));
-      normal = _mm256_and_si256(_mm256_add_epi32(a, bias), p.not_low);
+      normal = _mm256_and_si256(_mm256_add_epi32(a0, bias), p.not_low);
       const __m256 c = as_float(p.magic);  // below the smallest normal: fixed point at quantum q
-      sub = as_int(_mm256_sub_ps(_mm256_add_ps(as_float(a), c), c));
+      sub = as_int(_mm256_sub_ps(_mm256_add_ps(as_float(a0), c), c));
     } else {
-      normal = kRounding == STOCHASTIC ? _mm256_and_si256(_mm256_add_epi32(a, _mm256_and_si256(r, p.low)), p.not_low)
-                                       : _mm256_and_si256(a, p.not_low);
+      const __m256i cut = kRounding == STOCHASTIC ? _mm256_add_epi32(a0, _mm256_and_si256(r, p.low)) : a0;
+      normal = _mm256_and_si256(cut, p.not_low);
       // y = |x| / q as two exact power-of-two multiplies, k = floor(y) (+ 1 with probability frac(y)). rounding.py
       // clamps |x| to the smallest normal first; lanes at or above it take ``normal`` below whatever y is, so the
       // clamp is left out here too (measured with the one above: 4 % less time for stochastic rounding)
-      __m256 y = _mm256_mul_ps(as_float(a), p.y1);
+      __m256 y = _mm256_mul_ps(as_float(a0), p.y1);
       if constexpr (kFlags & WIDE_QUANTUM) y = _mm256_mul_ps(y, p.y2);
       const __m256 yi = _mm256_floor_ps(y);
       __m256 up = _mm256_setzero_ps();  // all ones where k = floor(y) takes + 1
@@ -113,7 +112,7 @@ inline __m256i round8(__m256i bits, __m256i r, const Params& p) {
 #endif
       }
     }
-    m = _mm256_blendv_epi8(sub, normal, _mm256_cmpgt_epi32(a, p.emin_less1));  // a ≥ emin ? normal : sub
+    m = _mm256_blendv_epi8(sub, normal, _mm256_cmpgt_epi32(a0, p.emin_less1));  // |x| ≥ min normal: normal
   }
   if constexpr (kFlags & SATURATES) {
     m = _mm256_min_epi32(m, p.max);
