@@ -1,4 +1,4 @@
-"""``python -m altgrad.report SWEEP_DIR [SWEEP_DIR ...] [--out DIR] [--threshold 0.05]``."""
+"""``python -m altgrad.report SWEEP_DIR [SWEEP_DIR ...] [--out DIR] [--threshold 0]``."""
 
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("sweep_dirs", nargs="+", metavar="SWEEP_DIR",
                         help="a multirun folder (multirun/DATE/TIME), a run folder, or a folder of either")
     parser.add_argument("--out", default=None, help="folder for report.md and the plots (default: first SWEEP_DIR)")
-    parser.add_argument("--threshold", type=float, default=0.05,
-                        help="relative loss increase over the previous stage that counts as a failure (0.05 = 5%%)")
+    parser.add_argument("--threshold", type=float, default=0.0,
+                        help="failure stages: a minimum relative loss increase over fp32, required on top of the "
+                             "Holm-corrected paired test against seed noise (default 0: the test alone; 0.05 = 5%%)")
     args = parser.parse_args(argv)
     command = shlex.join(["python", "-m", "altgrad.report", *argv])
     try:

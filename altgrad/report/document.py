@@ -11,7 +11,9 @@ from altgrad.report.benefit import stability_thresholds, ulp_benefits
 from altgrad.report.cells import group_cells
 from altgrad.report.findings import findings
 from altgrad.report.load import load_sweeps
+from altgrad.report.mechanism import has_updates, speeds
 from altgrad.report.stages import attribute_failures
+from altgrad.report.study import SameGrid, analyse, declared_endpoints, endpoint_problems
 
 REPORT_NAME = "report.md"
 
@@ -20,8 +22,18 @@ def _figure(path: Path | None, caption: str, missing: str) -> str:
     return f"![{caption}]({path.name})" if path is not None else f"_{missing}_"
 
 
+def same_grid_rule() -> SameGrid | None:
+    """Whether two formats give the same grid under the runs' scaling (power-of-two per-tensor scales), from the
+    quantization library; None where it has no such rule (formats are then all treated as distinct)."""
+    try:
+        from altgrad.quant.grids import same_grid
+    except ImportError:
+        return None
+    return lambda a, b: bool(same_grid(a, b))
+
+
 def write_report(sweep_dirs: Sequence[str | os.PathLike[str]], out_dir: str | os.PathLike[str] | None = None,
-                 threshold: float = 0.05, command: str | None = None) -> Path:
+                 threshold: float = 0.0, command: str | None = None) -> Path:
     """Read the sweeps, write report.md and its figures into out_dir (default: the first sweep dir); its path."""
     sweep = load_sweeps(sweep_dirs)
     out = Path(out_dir) if out_dir is not None else sweep.roots[0]
@@ -36,6 +48,11 @@ def write_report(sweep_dirs: Sequence[str | os.PathLike[str]], out_dir: str | os
     diverged = sweep.by_state("diverged")
     not_completed = [j for j in sweep.jobs if j.state != "completed"]
     diag_names = tables.diagnostic_names(cells)
+    rule = same_grid_rule()
+    studies = [(next((j.get("experiment") for j in js if j.get("experiment")), None), analyse(ep, js, rule))
+               for ep, js in declared_endpoints(sweep.jobs)]
+    bad_declarations = endpoint_problems(sweep.jobs)
+    speed = speeds(main_cells or cells)
 
     val_png = plots.plot_val_loss(main_cells, out / "val_loss.png")
     stage_val_png = plots.plot_val_loss(stage_cells, out / "val_loss_failure_stage.png",
@@ -54,13 +71,30 @@ def write_report(sweep_dirs: Sequence[str | os.PathLike[str]], out_dir: str | os
         "",
         "## Findings",
         "",
-        findings(sweep, cells, benefits, attributions, threshold),
+        findings(sweep, cells, benefits, attributions, threshold, studies),
         "",
+    ]
+    for experiment, result in studies:
+        parts += [f"## Declared endpoint{f' ({experiment})' if experiment else ''}", "",
+                  result.endpoint.describe() + ".", "",
+                  ("Δ per seed = treatment − reference; a diverged or never-learning run enters with "
+                   f"{result.endpoint.failure_value.replace('_', ' ')}; crashed or missing runs leave their seed "
+                   "unpaired. Verdicts: `benefit`/`harm` when the adjusted p < α, `tie` when the adjusted "
+                   "equivalence (TOST) p < α, `not established` otherwise."), "",
+                  tables.study_table(result), "",
+                  "Ranking on the primary contrast (a format benefits most only when it has a `benefit` verdict "
+                  "and every interval in the last column lies below zero):", "",
+                  tables.ranking_table(result), ""]
+    if bad_declarations:
+        parts += ["Invalid endpoint declarations (ignored):", ""] + [f"- {b}" for b in bad_declarations] + [""]
+    parts += [
         "## ULP-aware benefit (Δ final val loss vs AdamW, paired by seed)",
         "",
         ("Δ = optimizer − AdamW in the same format, storage and context, over the seeds both completed; negative "
-         "means the ULP-aware update helps. Marks: `**` p < 0.01, `*` p < 0.05 (the 95% CI excludes 0), `n.s.` "
-         "not significant, `n<2` fewer than two seed pairs."),
+         "means the ULP-aware update helps. Marks (uncorrected, per row): `**` p < 0.01, `*` p < 0.05 (the 95% "
+         "CI excludes 0), `n.s.` not significant, `n<2` fewer than two seed pairs. Each optimizer's best lr is "
+         "picked on these same seeds, and diverged runs are left out here: the Findings and the declared endpoint "
+         "are what to quote."),
         "",
         tables.benefit_table(benefits) if benefits else "_No format has both AdamW and another optimizer._",
         "",
@@ -82,8 +116,10 @@ def write_report(sweep_dirs: Sequence[str | os.PathLike[str]], out_dir: str | os
               tables.divergence_table(diverged) if diverged else "_No job diverged._", ""]
     parts += ["## Failure-stage attribution", ""]
     if attributions:
-        parts += [(f"A stage fails when any seed diverged or its mean final loss is more than {100 * threshold:g}% "
-                   "above the stage before it (fp32 before the first stage)."), "",
+        parts += [("A stage fails when any seed diverged, or when its final loss is above fp32's (same optimizer, "
+                   "paired by seed) beyond seed noise: the paired t-test, Holm-corrected over every stage of every "
+                   "format, at α = 0.05" + (f", and more than {100 * threshold:g}% above fp32" if threshold > 0 else "")
+                   + ". The step from the stage before is shown with its paired 95% CI."), "",
                   tables.stage_summary_table(attributions), "", tables.stage_table(attributions), "",
                   _figure(stage_val_png, "validation loss per failure stage", "No failure_stage job logged val/loss."),
                   ""]
@@ -95,6 +131,17 @@ def write_report(sweep_dirs: Sequence[str | os.PathLike[str]], out_dir: str | os
                   _figure(diag_png, "diagnostics per format", "No diagnostics to plot."), ""]
     else:
         parts += ["_No diagnostics in the summaries._", ""]
+    if has_updates(cells) or speed:
+        target = next(iter(speed.values())).target if speed else None
+        parts += ["### Update sizes in ULPs and speed", "",
+                  ("Per run (UpdateCallback, on sampled steps): quantiles of |Δw|/ULP(w) on the weight's grid, the "
+                   "share of updates below half a ULP (lost to round-to-nearest on a stored grid), and the ratio of "
+                   "median |Δw|/|w| in the largest |w| decile to the smallest (1: a step ∝ |w|; ≪ 1: a step "
+                   "that ignores |w|); means over runs. "
+                   + (f"Steps to target: the first validation step with loss ≤ {target.factor:g} × the mean final "
+                      f"loss of {target.reference} ({target.value:.4f}); median over the runs that reached it."
+                      if target is not None else "No fp32 or wide-reference AdamW run, so no speed target.")), "",
+                  tables.mechanism_table(main_cells or cells, speed), ""]
     parts += ["Format value grids (every positive representable value):", "",
               _figure(grid_png, "format value grids", grid_note or "No format grid to draw."), ""]
     if grid_png is not None and grid_note:

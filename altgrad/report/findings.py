@@ -1,8 +1,10 @@
 """The generated "Findings": the answer stated from the computed numbers only, and plainly when they do not suffice.
 
-A format "benefits" from a ULP-aware optimizer when the paired-seed 95% CI of Δ final val loss (optimizer − AdamW)
-lies entirely below zero. The format that benefits most is the one with the most negative significant Δ; the text
-says whether its lead over the runner-up is itself outside both CIs.
+A study that declares its endpoint (``endpoint:`` in the experiment file, see altgrad/report/endpoint.py) is answered
+from that declaration only (altgrad/report/study.py): a benefit, harm or tie is stated only when it survives the
+declared correction over the declared family, "format A benefits most" only when A's paired CI of Δ(A) − Δ(B) lies
+below zero against every other format, and everything else is said to be "not established". Sweeps without a
+declaration get an exploratory answer: every comparison Holm-corrected together, and no ranking.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ from altgrad.report.cells import Cell, describe, varying_fields
 from altgrad.report.load import STATES, Sweep
 from altgrad.report.order import FORMAT_ORDER, REFERENCE_FORMATS, rank
 from altgrad.report.stages import FormatAttribution
-from altgrad.report.stats import spearman
+from altgrad.report.stats import holm, spearman
+from altgrad.report.study import StudyResult
 from altgrad.report.tables import ci_text, num, sig
 
 STALL = "mean_stall_ratio"
@@ -45,53 +48,52 @@ def evidence_base(sweep: Sweep, cells: Sequence[Cell]) -> list[str]:
     return lines
 
 
-def answer(benefits: Sequence[Benefit]) -> list[str]:
-    """Which format benefits most, or why that cannot be said."""
+def _holm_marks(benefits: Sequence[Benefit]) -> dict[int, float]:
+    """Holm-adjusted p over every 8-bit comparison shown (an undeclared sweep's family is all of them)."""
+    adjusted = holm([b.diff.p_value for b in benefits])
+    return {id(b): p for b, p in zip(benefits, adjusted)}
+
+
+def answer(benefits: Sequence[Benefit], alpha: float = 0.05) -> list[str]:
+    """An undeclared sweep's answer: exploratory, Holm-corrected over all its comparisons, and never a ranking."""
     _label = _labeller(benefits)
     references = [b for b in benefits if b.treatment["format"] in REFERENCE_FORMATS]
     benefits = [b for b in benefits if b.treatment["format"] not in REFERENCE_FORMATS]
     if not benefits:
-        return [("**Insufficient evidence:** no 8-bit format has both AdamW and a ULP-aware optimizer (manifold, "
+        return [("**Not established:** no 8-bit format has both AdamW and a ULP-aware optimizer (manifold, "
                  "grid, madam) in the same storage, so no benefit can be computed.")] + _reference_line(references)
-    improving = sorted((b for b in benefits if b.improves), key=lambda b: b.diff.diff.mean)
-    lines = []
+    adjusted = _holm_marks(benefits)
+    lines = [f"Exploratory: these sweeps declare no primary endpoint (an `endpoint:` in the experiment file), so "
+             f"every one of the {len(benefits)} 8-bit comparisons below is one family, Holm-corrected at "
+             f"α = {alpha:g}, and no ranking of formats is claimed."]
+    improving = sorted((b for b in benefits if adjusted[id(b)] < alpha and (b.diff.diff.mean or 0.0) < 0),
+                       key=lambda b: b.diff.diff.mean)
     if improving:
-        best = improving[0]
-        base_mean = best.baseline.loss_summary().mean
-        rel = f" ({100 * best.diff.diff.mean / base_mean:+.1f}% of AdamW's loss)" if base_mean else ""
-        lines.append(f"**Answer: {best.treatment['format']} benefits most** — {_label(best)} lowers final val "
-                     f"loss vs AdamW{rel}: {_delta_text(best)}.")
-        rival = next((b for b in improving[1:] if b.treatment["format"] != best.treatment["format"]), None)
-        if rival is not None:
-            a, r = best.diff.diff.ci, rival.diff.diff.ci
-            separated = a is not None and r is not None and a[1] < r[0]
-            lines.append(f"Runner-up: {rival.treatment['format']} ({_label(rival)}, {_delta_text(rival)}); the "
-                         + ("CIs do not overlap, so the ranking holds." if separated else
-                            "CIs overlap, so the ranking between these two is not established."))
-        others = sorted({b.treatment["format"] for b in improving}, key=lambda f: rank(FORMAT_ORDER, f))
-        lines.append("Formats with a significant benefit from at least one ULP-aware optimizer: "
-                     + ", ".join(others) + ".")
+        lines.append("Lower final val loss than AdamW after Holm correction: " + "; ".join(
+            f"{b.treatment['format']} {_label(b)} ({_delta_text(b)}, Holm p = {adjusted[id(b)]:.3g})"
+            for b in improving) + ".")
+        lines.append("Which format benefits most: **not established** (no declared endpoint and contrasts).")
     else:
         few = sum(b.diff.p_value is None for b in benefits)
         point = min((b for b in benefits if b.diff.diff.mean is not None), key=lambda b: b.diff.diff.mean,
                     default=None)
-        text = (f"**Insufficient evidence:** no ULP-aware optimizer lowers final val loss significantly vs AdamW in "
-                f"any format ({len(benefits)} comparisons: {few} with fewer than 2 seed pairs, the others with "
-                "95% CIs that reach zero or above).")
+        text = (f"**Not established:** no ULP-aware optimizer lowers final val loss vs AdamW in any format after "
+                f"Holm correction ({len(benefits)} comparisons: {few} with fewer than 2 seed pairs).")
         if point is not None:
-            text += (f" Largest point estimate, not significant: {point.treatment['format']} {_label(point)}, "
+            text += (f" Largest point estimate, not established: {point.treatment['format']} {_label(point)}, "
                      f"{_delta_text(point)}.")
         lines.append(text)
-    worse = [b for b in benefits if b.worsens]
+    worse = [b for b in benefits if adjusted[id(b)] < alpha and (b.diff.diff.mean or 0.0) > 0]
     if worse:
-        lines.append("Significantly worse than AdamW: " + "; ".join(
-            f"{b.treatment['format']} {_label(b)} (Δ = {num(b.diff.diff.mean, signed=True)})" for b in worse) + ".")
+        lines.append("Worse than AdamW after Holm correction: " + "; ".join(
+            f"{b.treatment['format']} {_label(b)} (Δ = {num(b.diff.diff.mean, signed=True)}, Holm p = "
+            f"{adjusted[id(b)]:.3g})" for b in worse) + ".")
     for b in benefits:
         nt, nb = b.treatment.count("diverged"), b.baseline.count("diverged")
         if nt != nb:
             lines.append(f"Divergence differs in {b.treatment['format']}: {_label(b)} diverged in {nt}/"
-                         f"{len(b.treatment.jobs)} runs, AdamW in {nb}/{len(b.baseline.jobs)} (diverged runs are "
-                         "left out of Δ).")
+                         f"{len(b.treatment.jobs)} runs, AdamW in {nb}/{len(b.baseline.jobs)} (without a declared "
+                         "endpoint, diverged runs are left out of this Δ; declare one to count them as failures).")
     return lines + _reference_line(references)
 
 
@@ -105,7 +107,7 @@ def _reference_line(references: Sequence[Benefit]) -> list[str]:
         for b in references) + " — a gain there is not specific to an 8-bit grid."]
 
 
-def failure_lines(attributions: Sequence[FormatAttribution], threshold: float) -> list[str]:
+def failure_lines(attributions: Sequence[FormatAttribution], threshold: float = 0.0) -> list[str]:
     if not attributions:
         return ["No failure_stage jobs in this sweep, so failure stages are not attributed."]
     lines = []
@@ -115,12 +117,17 @@ def failure_lines(attributions: Sequence[FormatAttribution], threshold: float) -
         if first is None:
             fine.append(f"{a.format} ({a.optimizer_label})")
             continue
-        how = (f"diverged in {first.n_diverged}/{len(first.jobs)} seeds" if first.verdict == "diverged" else
-               f"final loss {100 * (first.relative_change or 0.0):+.1f}% vs the previous stage")
+        if first.verdict == "diverged":
+            how = f"diverged in {first.n_diverged}/{len(first.jobs)} seeds"
+        else:
+            ci = first.vs_fp32.ci()
+            how = (f"final loss {100 * (first.relative_change or 0.0):+.1f}% vs fp32 (paired Δ = "
+                   f"{first.vs_fp32.mean:+.4f}, 95% CI {_ci(ci)}, Holm p = {first.p_adjusted:.3g})")
         lines.append(f"{a.format} ({a.optimizer_label}) first fails at **{first.stage}**: {how}.")
     if fine:
-        lines.append(f"No stage failed (no divergence, loss within {100 * threshold:g}% of the previous stage) "
-                     "for: " + ", ".join(fine) + ".")
+        extra = f" and more than {100 * threshold:g}% above it" if threshold > 0 else ""
+        lines.append("No stage failed (no divergence, and no loss above fp32 beyond seed noise after Holm "
+                     f"correction{extra}) for: " + ", ".join(fine) + ".")
     return lines
 
 
@@ -146,25 +153,121 @@ def why_lines(benefits: Sequence[Benefit], cells: Sequence[Cell]) -> list[str]:
     else:
         rho, p = corr
         lines.append(f"Across {len(pairs)} formats, Spearman ρ between AdamW's mean stall ratio and the best Δ is "
-                     f"{rho:+.2f} (p = {p:.3g}); negative ρ means formats whose AdamW updates stall more gain more "
-                     "from ULP-aware updates" + ("." if p < 0.05 else ", but here it is not significant."))
+                     f"{rho:+.2f} (exact permutation p = {p:.3g}); negative ρ means formats whose AdamW updates stall "
+                     "more gain more from ULP-aware updates" + ("." if p < 0.05 else
+                                                                ", but here no association is established."))
     for f in sorted(best_per_format, key=lambda f: rank(FORMAT_ORDER, f)):
         b = best_per_format[f]
-        if not b.improves:
-            continue
         parts = []
         for name in (STALL, "final_flip_rate", "mean_oscillation_rate", "mean_effective_bits"):
             base, treat = b.baseline.diagnostic_summary(name).mean, b.treatment.diagnostic_summary(name).mean
             if base is not None or treat is not None:
                 parts.append(f"{name} {sig(base)} (AdamW) → {sig(treat)}")
         if parts:
-            lines.append(f"{f}, {_label(b)}: " + "; ".join(parts) + ".")
+            lines.append(f"{f}, {_label(b)} (Δ = {num(b.diff.diff.mean, signed=True)}): " + "; ".join(parts) + ".")
     return lines
 
 
 def findings(sweep: Sweep, cells: Sequence[Cell], benefits: Sequence[Benefit],
-             attributions: Sequence[FormatAttribution], threshold: float) -> str:
-    """The Findings section body (markdown bullets)."""
-    lines = (evidence_base(sweep, cells) + answer(benefits) + failure_lines(attributions, threshold)
-             + why_lines(benefits, cells))
+             attributions: Sequence[FormatAttribution], threshold: float = 0.0,
+             studies: Sequence[tuple[str | None, StudyResult]] = ()) -> str:
+    """The Findings section body (markdown bullets): the declared studies' answers when there are any, else the
+    exploratory, Holm-corrected one."""
+    lines = evidence_base(sweep, cells)
+    if studies:
+        for experiment, result in studies:
+            lines += study_lines(result, experiment)
+    else:
+        lines += answer(benefits)
+    lines += failure_lines(attributions, threshold) + why_lines(benefits, cells)
     return "\n".join(f"- {line}" for line in lines)
+
+
+def _ci(ci: tuple[float, float] | None) -> str:
+    return "—" if ci is None else f"[{ci[0]:+.4f}, {ci[1]:+.4f}]"
+
+
+def _mantissa_bits(fmt: str) -> int | None:
+    """M of a format: the quantization library's when it knows the name, else parsed from ``eXmY``."""
+    try:
+        from altgrad.quant import get_format
+
+        return int(get_format(fmt).mbits)
+    except Exception:  # noqa: BLE001 - an unknown name simply has no known mantissa width
+        head, _, tail = fmt.partition("m")
+        return int(tail) if head.startswith("e") and head[1:].isdigit() and tail.isdigit() else None
+
+
+def study_lines(result: StudyResult, experiment: str | None = None) -> list[str]:
+    """The answer of a declared study: only what survives its declared correction; "not established" otherwise."""
+    ep = result.endpoint
+    conf = f"{100 * (1 - ep.alpha):g}%"
+    n_tests = len(result.comparisons)
+    lines = [f"Declared endpoint{f' ({experiment})' if experiment else ''}, read from the jobs' saved config: "
+             f"{ep.describe()}. Family: {len(ep.contrasts)} contrast(s) × {len(result.formats)} format(s) = "
+             f"{n_tests} tests; every claim below survives the {ep.correction} correction over all of them."]
+    for rep, members in result.merged.items():
+        lines.append(f"{', '.join(members)} give the same grid under the runs' scaling: analysed as one arm "
+                     f"({rep}), not as separate formats.")
+    if result.missing_formats:
+        lines.append("Declared but not run (counted in the family with p = 1): "
+                     + ", ".join(result.missing_formats) + ".")
+    primary = ep.primary_contrast
+    rk = result.ranking
+    by_format = {c.format: c for c in result.of(primary)}
+    if rk.winner is not None:
+        c = by_format[rk.winner]
+        against = "; ".join(f"vs {f} {_ci(v.ci(rk.confidence))}" for f, v in rk.versus.items())
+        lines.append(f"**Answer: {rk.winner} benefits most** from {primary.name}: Δ = {c.test.mean:+.4f}, "
+                     f"{conf} CI {_ci(c.ci)}, {len(c.deltas)} seed pairs, adjusted p = {c.p_adjusted:.3g}; its Δ "
+                     f"is below every other format's (paired {conf} CI of the difference in Δ: {against}); seed "
+                     f"bootstrap P(top) = {rk.top_probability.get(rk.winner, float('nan')):.2f}.")
+    else:
+        text = "Which format benefits most: **not established**."
+        if rk.leader is not None:
+            c = by_format[rk.leader]
+            if c.verdict != "benefit":
+                reason = f"its own Δ does not survive the correction (adjusted p = {c.p_adjusted:.3g})"
+            else:
+                close = [f"{f} {_ci(v.ci(rk.confidence))}" for f, v in rk.versus.items()
+                         if (ci := v.ci(rk.confidence)) is None or ci[1] >= 0]
+                reason = ("its lead is within the paired CI of the difference in Δ against " + ", ".join(close)
+                          if close else "no other format to compare with")
+            p_top = rk.top_probability.get(rk.leader)
+            text += (f" Point-estimate leader on {primary.name}: {rk.leader} (Δ = {c.test.mean:+.4f}, {conf} CI "
+                     f"{_ci(c.ci)}" + (f", bootstrap P(top) = {p_top:.2f}" if p_top is not None else "")
+                     + f"), but {reason}.")
+        lines.append(text)
+    for contrast in ep.contrasts:
+        comps = result.of(contrast)
+        parts = []
+        for verdict in ("benefit", "harm", "tie"):
+            hit = [c for c in comps if c.verdict == verdict]
+            if hit:
+                what = {"benefit": "lower loss (treatment helps)", "harm": "higher loss (treatment hurts)",
+                        "tie": f"equivalent within ±{ep.tie_margin:g} (TOST)"}[verdict]
+                parts.append(f"{what} in " + ", ".join(
+                    f"{c.format} (Δ = {c.test.mean:+.4f}, adjusted p = "
+                    f"{c.tost_adjusted if verdict == 'tie' else c.p_adjusted:.3g})" for c in hit))
+        rest = [c.format + (f" ({c.why_missing})" if c.why_missing else "") for c in comps
+                if c.verdict == "not established"]
+        if rest:
+            parts.append("not established in " + ", ".join(rest))
+        lines.append(f"{contrast.name}: " + "; ".join(parts) + ".")
+    failing = [a for a in result.arms.values() if a.n_failures]
+    if failing:
+        entered = ("at their initial validation loss (counted as learning nothing)"
+                   if ep.failure_value == "initial_val_loss" else "as missing (failure_value: exclude)")
+        lines.append("Failures (diverged or never learned), entered in Δ " + entered + ": " + "; ".join(
+            f"{a.format} {a.label} {a.n_failures}/{len(a.jobs)}" for a in failing) + ".")
+    pairs = [(_mantissa_bits(c.format), c.test.mean) for c in result.of(primary) if c.test.mean is not None]
+    pairs = [(m, d) for m, d in pairs if m is not None]
+    corr = spearman([m for m, _ in pairs], [d for _, d in pairs])
+    if corr is not None:
+        rho, p = corr
+        lines.append(f"Benefit vs mantissa bits ({primary.name}, {len(pairs)} formats): Spearman ρ = {rho:+.2f}, "
+                     f"exact permutation p = {p:.3g}" + (" — an association at α." if p < ep.alpha else
+                                                         " — no association established."))
+    for note in result.notes:
+        lines.append(f"Note: {note}.")
+    return lines

@@ -1,14 +1,19 @@
-"""Small-sample statistics for seed-replicated runs: mean ± std, Student-t 95% CIs and paired-seed differences.
+"""Small-sample statistics for seed-replicated runs: mean ± std, Student-t CIs, paired-seed differences, Holm's
+step-down correction, equivalence tests (TOST), exact rank-correlation p-values and a seed bootstrap.
 
 scipy is not a dependency, so the Student-t distribution is computed here from the regularized incomplete beta
-function (continued fraction, as in Numerical Recipes §6.4) and inverted by bisection.
+function (continued fraction, as in Numerical Recipes §6.4) and inverted by bisection; Spearman's p-value comes
+from the permutation distribution of the ranks (exact up to 8 points), not from an approximation.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 _EPS = 1e-15
 _TINY = 1e-300
@@ -153,22 +158,156 @@ def paired_difference(treatment: Mapping[int, float], baseline: Mapping[int, flo
     return PairedDifference(diff, p_value, seeds)
 
 
+EXACT_SPEARMAN_MAX_N = 8
+"""Up to this many points Spearman's p enumerates all n! orderings (8! = 40320); above it, 20 000 random ones."""
+
+
 def spearman(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float] | None:
-    """Spearman's rank correlation and its t-approximation p-value; None below 4 points or for constant data."""
+    """Spearman's rank correlation and its two-sided permutation p-value; None below 4 points or for constant data.
+
+    p = P(|ρ| ≥ |ρ_observed|) when the ranks of ys are assigned to xs at random (ties keep their average ranks):
+    exact for n ≤ EXACT_SPEARMAN_MAX_N, so a perfect order of 4 points gives p = 2/4! = 1/12, never 0; above that a
+    fixed-seed Monte Carlo estimate (1 + hits) / (1 + draws), which is never 0 either.
+    """
     n = len(xs)
     if n != len(ys) or n < 4:
         return None
-    rx, ry = _ranks(xs), _ranks(ys)
-    mx, my = math.fsum(rx) / n, math.fsum(ry) / n
-    sxy = math.fsum((a - mx) * (b - my) for a, b in zip(rx, ry))
-    sxx = math.fsum((a - mx) ** 2 for a in rx)
-    syy = math.fsum((b - my) ** 2 for b in ry)
-    if sxx == 0 or syy == 0:
+    rx, ry = np.array(_ranks(xs)), np.array(_ranks(ys))
+    rx, ry = rx - rx.mean(), ry - ry.mean()
+    norm = math.sqrt(float(rx @ rx) * float(ry @ ry))
+    if norm == 0:
         return None
-    rho = sxy / math.sqrt(sxx * syy)
-    if abs(rho) >= 1.0:
-        return rho, 0.0
-    return rho, two_sided_p(rho * math.sqrt((n - 2) / (1.0 - rho * rho)), n - 2)
+    rho = float(rx @ ry) / norm
+    tol = 1e-9 * norm  # permutations that reproduce the observed |Σ rx·ry| up to rounding count as "as extreme"
+    if n <= EXACT_SPEARMAN_MAX_N:
+        perms = np.array(list(itertools.permutations(range(n))))
+        stats = np.abs(ry[perms] @ rx)
+        return rho, float(np.mean(stats >= abs(float(rx @ ry)) - tol))
+    draws = 20_000
+    rng = np.random.default_rng(0)
+    perms = rng.permuted(np.tile(np.arange(n), (draws, 1)), axis=1)
+    hits = int(np.sum(np.abs(ry[perms] @ rx) >= abs(float(rx @ ry)) - tol))
+    return rho, (1 + hits) / (1 + draws)
+
+
+def holm(p_values: Sequence[float | None]) -> list[float]:
+    """Holm's step-down adjusted p-values (family-wise error ≤ α under any dependence); a missing test (None) counts
+    as p = 1, so the family keeps the size that was declared."""
+    ps = [1.0 if p is None or not math.isfinite(p) else min(max(float(p), 0.0), 1.0) for p in p_values]
+    m = len(ps)
+    order = sorted(range(m), key=lambda i: ps[i])
+    adjusted = [1.0] * m
+    running = 0.0
+    for rank_, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank_) * ps[i]))
+        adjusted[i] = running
+    return adjusted
+
+
+def benjamini_hochberg(p_values: Sequence[float | None]) -> list[float]:
+    """Benjamini–Hochberg adjusted p-values (false-discovery rate ≤ α for independent or positively dependent tests);
+    a missing test counts as p = 1."""
+    ps = [1.0 if p is None or not math.isfinite(p) else min(max(float(p), 0.0), 1.0) for p in p_values]
+    m = len(ps)
+    order = sorted(range(m), key=lambda i: ps[i], reverse=True)
+    adjusted = [1.0] * m
+    running = 1.0
+    for k, i in enumerate(order):
+        running = min(running, ps[i] * m / (m - k))
+        adjusted[i] = running
+    return adjusted
+
+
+CORRECTIONS = {"holm": holm, "bh": benjamini_hochberg, "none": lambda ps: [1.0 if p is None else p for p in ps]}
+"""Multiplicity corrections by the name an experiment declares."""
+
+
+@dataclass(frozen=True)
+class TTest:
+    """A mean of n values (or of paired differences) with its standard error on df degrees of freedom.
+
+    ``df`` exceeds n − 1 only when the variance was pooled with other comparisons (see ``pooled_sd``)."""
+
+    n: int
+    mean: float | None
+    se: float | None
+    df: float | None
+
+    @property
+    def p_value(self) -> float | None:
+        """Two-sided p of mean = 0."""
+        if self.mean is None or self.se is None or self.df is None:
+            return None
+        if self.se == 0.0:
+            return 1.0 if self.mean == 0.0 else 0.0
+        return two_sided_p(self.mean / self.se, self.df)
+
+    def ci(self, confidence: float = 0.95) -> tuple[float, float] | None:
+        if self.mean is None or self.se is None or self.df is None:
+            return None
+        half = t_critical(self.df, confidence) * self.se
+        return self.mean - half, self.mean + half
+
+    def tost_p(self, margin: float) -> float | None:
+        """Two one-sided tests of |mean| < margin (equivalence): the larger of the two one-sided p-values. Small p
+        means the mean lies inside (−margin, +margin); it is rejected at α exactly when the (1 − 2α) CI lies there."""
+        if not margin > 0:
+            raise ValueError(f"equivalence margin must be > 0, got {margin}")
+        if self.mean is None or self.se is None or self.df is None:
+            return None
+        if self.se == 0.0:
+            return 0.0 if abs(self.mean) < margin else 1.0
+        p_low = 1.0 - student_t_cdf((self.mean + margin) / self.se, self.df)   # H0: mean <= -margin
+        p_high = student_t_cdf((self.mean - margin) / self.se, self.df)        # H0: mean >= +margin
+        return max(p_low, p_high)
+
+
+def t_test(values: Sequence[float], pooled: tuple[float, float] | None = None) -> TTest:
+    """One-sample t of the finite values; ``pooled`` = (sd, df) replaces their own sd and n − 1 degrees of freedom."""
+    xs = [float(v) for v in values if _finite(v)]
+    n = len(xs)
+    if n == 0:
+        return TTest(0, None, None, None)
+    mean = math.fsum(xs) / n
+    if pooled is not None:
+        sd, df = pooled
+        return TTest(n, mean, sd / math.sqrt(n), df) if df > 0 else TTest(n, mean, None, None)
+    if n < 2:
+        return TTest(n, mean, None, None)
+    sd = math.sqrt(math.fsum((x - mean) ** 2 for x in xs) / (n - 1))
+    return TTest(n, mean, sd / math.sqrt(n), n - 1)
+
+
+def pooled_sd(groups: Sequence[Sequence[float]]) -> tuple[float, float] | None:
+    """(sd, df) of the within-group variance pooled over groups: Σ(n_i − 1)·s_i² / Σ(n_i − 1); None without df."""
+    ss, df = 0.0, 0
+    for g in groups:
+        xs = [float(v) for v in g if _finite(v)]
+        if len(xs) >= 2:
+            m = math.fsum(xs) / len(xs)
+            ss += math.fsum((x - m) ** 2 for x in xs)
+            df += len(xs) - 1
+    return (math.sqrt(ss / df), float(df)) if df else None
+
+
+def bootstrap_top_rank(per_seed: Mapping[str, Mapping[int, float]], draws: int = 2000,
+                       seed: int = 0) -> dict[str, float]:
+    """P(each key has the lowest mean) when the seeds shared by every key are resampled with replacement.
+
+    ``per_seed`` maps a key (a format) to its per-seed values (its Δ); seeds are resampled jointly, so the pairing
+    across keys is kept. Keys without every shared seed are left out; {} when fewer than 2 keys or 2 seeds remain.
+    """
+    keys = [k for k in per_seed if per_seed[k]]
+    shared = sorted(set.intersection(*(set(per_seed[k]) for k in keys))) if keys else []
+    if len(keys) < 2 or len(shared) < 2:
+        return {}
+    table = np.array([[per_seed[k][s] for s in shared] for k in keys], dtype=np.float64)  # keys × seeds
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(0, len(shared), size=(draws, len(shared)))
+    means = table[:, picks].mean(axis=2)  # keys × draws
+    winners = np.argmin(means, axis=0)
+    counts = np.bincount(winners, minlength=len(keys))
+    return {k: float(c) / draws for k, c in zip(keys, counts)}
 
 
 def _ranks(values: Sequence[float]) -> list[float]:

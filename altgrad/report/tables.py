@@ -9,12 +9,15 @@ from altgrad.report.benefit import Benefit, StabilityThreshold
 from altgrad.report.cells import CONTEXT_FIELDS, Cell, describe, varying_fields
 from altgrad.report.load import Job
 from altgrad.report.stages import FormatAttribution
-from altgrad.report.stats import Summary
+from altgrad.report.stats import Summary, TTest, summarize
+from altgrad.report.study import StudyResult
 
 FIELD_TITLES = {"optimizer_label": "optimizer", "layer_map": "layer map", "lr": "lr"}
 DIAGNOSTICS = ("mean_stall_ratio", "final_flip_rate", "mean_oscillation_rate", "min_grad_cosine",
                "mean_effective_bits")
 """The diagnostics every report shows first (summary.json ``diagnostics``); any others found follow."""
+MECHANISM_KEYS = ("ulp_update_q10", "ulp_update_q50", "ulp_update_q90", "sub_half_ulp_share")
+"""Shown in the mechanism table instead (with rel_update_d1 … d10)."""
 
 
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
@@ -114,27 +117,40 @@ def stage_summary_table(attributions: Sequence[FormatAttribution]) -> str:
         elif first.verdict == "diverged":
             what = f"diverged in {first.n_diverged}/{len(first.jobs)} seeds"
         else:
-            what = f"loss {num(100 * (first.relative_change or 0.0), 1, signed=True)}% vs previous stage"
+            what = (f"loss {num(100 * (first.relative_change or 0.0), 1, signed=True)}% vs fp32, Holm p = "
+                    f"{first.p_adjusted:.3g}")
         rows.append([a.format, a.optimizer_label, first.stage if first else "—", what,
                      ", ".join(s.stage for s in a.stages)])
     return markdown_table(["format", "optimizer", "first failing stage", "evidence", "stages run"], rows)
 
 
+def _paired_text(t: TTest) -> str:
+    ci = t.ci()
+    if t.mean is None:
+        return "—"
+    return num(t.mean, signed=True) + ("" if ci is None else f" [{num(ci[0], signed=True)}, {num(ci[1], signed=True)}]")
+
+
 def stage_table(attributions: Sequence[FormatAttribution]) -> str:
-    """Every stage of every format, with its loss, divergences and change against the previous stage."""
+    """Every stage of every format: loss, divergences, paired Δ vs fp32 (tested) and vs the stage before."""
     rows = []
     for a in attributions:
         for s in a.stages:
             rows.append([a.format, a.optimizer_label, s.stage, len(s.jobs), s.n_diverged, s.n_failed,
-                         mean_std(s.loss), num(s.reference),
-                         "—" if s.relative_change is None else f"{100 * s.relative_change:+.1f}%", s.verdict])
+                         mean_std(s.loss), mean_std(summarize([a.fp32_reference])) if a.fp32_seed_std is None
+                         else f"{num(a.fp32_reference)} ± {num(a.fp32_seed_std)}",
+                         "—" if s.relative_change is None else f"{100 * s.relative_change:+.1f}%",
+                         _paired_text(s.vs_fp32), "—" if s.p_adjusted is None else f"{s.p_adjusted:.3g}",
+                         _paired_text(s.vs_previous), s.verdict])
     return markdown_table(["format", "optimizer", "stage", "jobs", "diverged", "failed", "final val loss",
-                           "previous stage", "change", "verdict"], rows)
+                           "fp32 (mean ± seed std)", "vs fp32", "paired Δ vs fp32 [95% CI]", "Holm p",
+                           "paired Δ vs previous stage [95% CI]", "verdict"], rows)
 
 
 def diagnostic_names(cells: Sequence[Cell]) -> list[str]:
     """DIAGNOSTICS first, then any other diagnostic found in the summaries, alphabetically."""
-    found = {k for c in cells for j in c.jobs for k in j.diagnostics}
+    found = {k for c in cells for j in c.jobs for k in j.diagnostics
+             if not k.startswith("rel_update_d") and k not in MECHANISM_KEYS}
     return [d for d in DIAGNOSTICS if d in found] + sorted(found - set(DIAGNOSTICS))
 
 
@@ -173,3 +189,60 @@ def jobs_table(jobs: Sequence[Job]) -> str:
             what = " ".join(j.overrides)
         rows.append([j.name, j.state, what, field_text("seed", j.seed), j.problem or "—"])
     return markdown_table(["job", "state", "configuration", "seed", "detail"], rows)
+
+
+def study_table(result: StudyResult) -> str:
+    """Every test of a declared study: Δ per contrast and format with its CI, raw and adjusted p, and the verdict."""
+    ep = result.endpoint
+    conf = f"{100 * (1 - ep.alpha):g}% CI"
+    rows = []
+    for c in result.comparisons:
+        t, r = c.treatment, c.reference
+        lrs = "/".join(", ".join(f"{x:g}" for x in a.lrs) or "—" if a is not None else "—" for a in (t, r))
+        fails = "/".join(f"{a.n_failures}/{len(a.jobs)}" if a is not None else "—" for a in (t, r))
+        ci = c.ci
+        rows.append([c.contrast.name, c.format, lrs, len(c.deltas), fails, num(c.test.mean, signed=True),
+                     "—" if ci is None else f"[{num(ci[0], signed=True)}, {num(ci[1], signed=True)}]",
+                     "—" if c.test.p_value is None else f"{c.test.p_value:.3g}", f"{c.p_adjusted:.3g}",
+                     f"{c.tost_adjusted:.3g}", c.verdict + (f" ({c.why_missing})" if c.why_missing else "")])
+    return markdown_table(["contrast", "format", "lr (treatment/reference)", "seed pairs",
+                           "failures (treatment/reference)", "Δ", conf, "p", f"{ep.correction} p",
+                           f"TOST ±{ep.tie_margin:g} {ep.correction} p", "verdict"], rows)
+
+
+def ranking_table(result: StudyResult) -> str:
+    """Primary contrast per format: Δ, the seed-bootstrap probability of being top, the leader's paired lead."""
+    rk = result.ranking
+    rows = []
+    for c in result.of(result.endpoint.primary_contrast):
+        versus = rk.versus.get(c.format)
+        ci = versus.ci(rk.confidence) if versus is not None else None
+        lead = ("leader" if c.format == rk.leader else "—" if versus is None or versus.mean is None else
+                f"{num(versus.mean, signed=True)} [{num(ci[0], signed=True)}, {num(ci[1], signed=True)}]"
+                if ci is not None else num(versus.mean, signed=True))
+        p_top = rk.top_probability.get(c.format)
+        rows.append([c.format, num(c.test.mean, signed=True), "—" if p_top is None else f"{p_top:.2f}", lead,
+                     c.verdict])
+    return markdown_table(["format", f"Δ ({result.endpoint.primary_contrast.name})", "bootstrap P(top)",
+                           f"Δ(leader) − Δ(format), {100 * rk.confidence:g}% CI", "verdict"], rows)
+
+
+def mechanism_table(cells: Sequence[Cell], speeds: dict) -> str:
+    """Per configuration: update size in ULPs, share below ½ ULP, |w|-decile step ratio, steps to the target."""
+    from altgrad.report.mechanism import decile_ratio, update_summary
+
+    fields = [f for f in varying_fields(cells) if f != "lr"]
+    rows = []
+    for c in cells:
+        sp = speeds.get(c.key)
+        values = [update_summary(c, k) for k in ("ulp_update_q10", "ulp_update_q50", "ulp_update_q90",
+                                                 "sub_half_ulp_share")]
+        if all(v is None for v in values) and sp is None:
+            continue
+        steps = "—" if sp is None else (f"{sp.median_steps:g} ({sp.reached}/{sp.runs})"
+                                        if sp.median_steps is not None else f"never (0/{sp.runs})")
+        rows.append([field_text(f, c[f]) for f in fields] + [sig(v) for v in values]
+                    + [sig(decile_ratio(c)), steps])
+    return markdown_table([FIELD_TITLES.get(f, f) for f in fields] + [
+        "|Δw|/ULP q10", "q50", "q90", "share < ½ ULP", "|Δw|/|w| top ÷ bottom |w| decile",
+        "steps to target (reached/runs)"], rows)

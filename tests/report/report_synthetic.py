@@ -9,9 +9,12 @@ Sweep "ab" (flat job dirs 0, 1, …, like a Hydra multirun), seeds 0–2, fp32 m
 - AdamW stall ratio: e5m2 0.2, e4m3 0.4, e3m4 0.5, e7m0 0.9.
 - one job dir with a corrupt summary.json, one with only .hydra/overrides.yaml (killed).
 
-Sweep "stages" (failure_stage, nested dirs FORMAT/STAGE/SEED), adamw, seeds 0–1:
-- fp32 3.00, 3.02; e4m3 forward 3.01, 3.03 → +grad 3.05, 3.07 → +storage 3.50, 3.52 (degraded, +14.7%);
-- e7m0 forward 3.10, 3.12 → +grad: seed 1 diverged → +storage: both diverged.
+Sweep "stages" (failure_stage, nested dirs FORMAT/STAGE/SEED), adamw, seeds 0–2 (Δ vs fp32 paired by seed):
+- fp32 3.00, 3.02, 2.99;
+- e4m3 forward Δ [.01, 0, .01] (p ≈ 0.18) → +grad Δ [.02, .03, .01] (p ≈ 0.074): within seed noise →
+  +storage Δ [.50, .53, .48] (+16.6%, degraded);
+- e7m0 forward Δ [.10, .10, .09] (+3.2%, p ≈ 0.0012: degraded by the test alone, ok with a 5 % minimum) → +grad:
+  seed 1 diverged → +storage: every seed diverged.
   e4m3's stages are read from layer_map.json, e7m0's from config.format.grad.
 """
 
@@ -104,11 +107,11 @@ def build_ab_sweep(root: Path) -> Path:
 
 
 STAGE_LOSSES = {
-    ("fp32", "fp32"): [3.00, 3.02],
-    ("e4m3", "forward"): [3.01, 3.03], ("e4m3", "forward+grad"): [3.05, 3.07],
-    ("e4m3", "forward+grad+storage"): [3.50, 3.52],
-    ("e7m0", "forward"): [3.10, 3.12], ("e7m0", "forward+grad"): [3.15, None],
-    ("e7m0", "forward+grad+storage"): [None, None],
+    ("fp32", "fp32"): [3.00, 3.02, 2.99],
+    ("e4m3", "forward"): [3.01, 3.02, 3.00], ("e4m3", "forward+grad"): [3.02, 3.05, 3.00],
+    ("e4m3", "forward+grad+storage"): [3.50, 3.55, 3.47],
+    ("e7m0", "forward"): [3.10, 3.12, 3.08], ("e7m0", "forward+grad"): [3.15, None, 3.14],
+    ("e7m0", "forward+grad+storage"): [None, None, None],
 }
 
 

@@ -46,10 +46,10 @@ def test_completed_job_fields(ab_sweep: Path) -> None:
 
 def test_nested_and_multiple_sweeps(ab_sweep: Path, stage_sweep: Path) -> None:
     stages = load_sweeps([stage_sweep])
-    assert len(stages.jobs) == 14
+    assert len(stages.jobs) == 21
     assert "e4m3/forward+grad/1" in {j.name for j in stages.jobs}
     both = load_sweeps([ab_sweep, stage_sweep])
-    assert len(both.jobs) == 29 + 14
+    assert len(both.jobs) == 29 + 21
     assert {j.name.split("/")[0] for j in both.jobs} == {"ab", "stages"}
 
 

@@ -2,17 +2,25 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from altgrad.report.stats import (
+    benjamini_hochberg,
+    bootstrap_top_rank,
+    holm,
     paired_difference,
+    pooled_sd,
     regularized_incomplete_beta,
     spearman,
     student_t_cdf,
     summarize,
     t_critical,
+    t_test,
 )
 
 
@@ -90,10 +98,110 @@ def test_paired_difference_pairs_by_seed_only() -> None:
     assert single.mark == "n<2" and not single.significant
 
 
-def test_spearman() -> None:
+def test_spearman_exact_permutation_p() -> None:
+    # a perfect order of 4 points: 2 of the 4! orderings have |ρ| = 1, so p = 1/12 exactly (never 0)
     rho, p = spearman([1, 2, 3, 4], [10, 20, 30, 40])
-    assert (rho, p) == (1.0, 0.0)
-    rho, _ = spearman([0.2, 0.4, 0.5, 0.9], [2.0, -0.1, 0.0, -0.5])
-    assert rho == pytest.approx(-0.8)
+    assert rho == 1.0 and p == pytest.approx(1 / 12, abs=1e-15)
+    rho, p = spearman([1, 2, 3, 4], [4, 3, 2, 1])
+    assert rho == -1.0 and p == pytest.approx(1 / 12, abs=1e-15)
+    rho, p = spearman([0.2, 0.4, 0.5, 0.9], [2.0, -0.1, 0.0, -0.5])
+    assert rho == pytest.approx(-0.8) and p == pytest.approx(8 / 24, abs=1e-15)  # |ρ| >= 0.8: 8 of 24
+    rho, p = spearman(list(range(5)), list(range(5)))
+    assert p == pytest.approx(2 / 120, abs=1e-15)
     assert spearman([1, 2, 3], [1, 2, 3]) is None
     assert spearman([1, 1, 1, 1], [1, 2, 3, 4]) is None
+
+
+def test_spearman_with_ties_enumerates_the_tied_ranks() -> None:
+    # ranks x = (1, 2, 3.5, 3.5), y = (1, 2, 3, 4): among the 24 orderings of y, count |Σ rx·ry| >= observed
+    xs, ys = [1, 2, 3, 3], [1, 2, 3, 4]
+    rho, p = spearman(xs, ys)
+    rx = [1, 2, 3.5, 3.5]
+    mean = 2.5
+    obs = abs(sum((a - mean) * (b - mean) for a, b in zip(rx, ys)))
+    hits = sum(abs(sum((a - mean) * (b - mean) for a, b in zip(rx, perm))) >= obs - 1e-12
+               for perm in itertools.permutations(ys))
+    assert p == pytest.approx(hits / 24, abs=1e-15)
+    assert rho == pytest.approx(obs / math.sqrt(4.5 * 5.0))
+
+
+def test_spearman_large_n_monte_carlo_never_zero() -> None:
+    rho, p = spearman(list(range(12)), list(range(12)))
+    assert rho == 1.0 and p == pytest.approx(1 / 20_001)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.floats(-1e3, 1e3, allow_nan=False), min_size=4, max_size=7),
+       st.randoms(use_true_random=False))
+def test_spearman_p_is_a_probability_and_symmetric(xs: list[float], rnd) -> None:
+    ys = xs[:]
+    rnd.shuffle(ys)
+    out = spearman(xs, ys)
+    if out is None:
+        assume(False)
+    rho, p = out
+    assert -1.0 - 1e-12 <= rho <= 1.0 + 1e-12 and 0.0 < p <= 1.0
+    assert spearman(ys, xs) == pytest.approx((rho, p))
+    neg = spearman(xs, [-y for y in ys])
+    assert neg == pytest.approx((-rho, p))
+
+
+def test_holm_known_numbers() -> None:
+    assert holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    # a missing test keeps its place in the family as p = 1
+    assert holm([0.01, None]) == pytest.approx([0.02, 1.0])
+    assert holm([0.5, 0.6]) == pytest.approx([1.0, 1.0])
+    assert holm([]) == []
+
+
+def test_benjamini_hochberg_known_numbers() -> None:
+    assert benjamini_hochberg([0.01, 0.04, 0.03, 0.5]) == pytest.approx([0.04, 0.16 / 3, 0.16 / 3, 0.5])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(0.0, 1.0, allow_nan=False), min_size=1, max_size=12))
+def test_holm_properties(ps: list[float]) -> None:
+    adj = holm(ps)
+    assert all(p <= a <= 1.0 for p, a in zip(ps, adj))
+    order = sorted(range(len(ps)), key=lambda i: ps[i])
+    assert all(adj[order[k]] <= adj[order[k + 1]] for k in range(len(ps) - 1))  # monotone in p
+    assert all(a <= min(1.0, len(ps) * p) for p, a in zip(ps, adj))  # never above Bonferroni
+    assert all(b <= a + 1e-15 for a, b in zip(adj, benjamini_hochberg(ps)))  # BH is never stricter
+
+
+def test_t_test_ci_and_p_known_numbers() -> None:
+    t = t_test([1.0, 2.0, 3.0])
+    assert (t.n, t.mean, t.df) == (3, 2.0, 2) and t.se == pytest.approx(1 / math.sqrt(3))
+    assert t.p_value == pytest.approx(0.07418, abs=5e-5)
+    assert t.ci(0.95) == pytest.approx((2.0 - 2.4841, 2.0 + 2.4841), abs=5e-5)
+    # pooled: sd 0.5 on 10 df replaces the sample's own
+    pooled = t_test([1.0, 2.0, 3.0], pooled=(0.5, 10.0))
+    assert pooled.se == pytest.approx(0.5 / math.sqrt(3)) and pooled.df == 10.0
+    assert t_test([1.0]).p_value is None and t_test([]).mean is None
+
+
+def test_pooled_sd_known_numbers() -> None:
+    sd, df = pooled_sd([[1.0, 2.0, 3.0], [10.0, 14.0], [7.0]])  # SS = 2 + 8 = 10 on 2 + 1 df
+    assert df == 3.0 and sd == pytest.approx(math.sqrt(10 / 3))
+    assert pooled_sd([[1.0], []]) is None
+
+
+def test_tost_equivalence() -> None:
+    tight = t_test([0.001, -0.002, 0.0005, 0.001, -0.0005])
+    assert tight.tost_p(0.01) < 0.001  # well inside ±0.01
+    # TOST rejects at α exactly when the (1 − 2α) CI lies inside the margin
+    lo, hi = tight.ci(0.90)
+    margin = max(abs(lo), abs(hi))
+    assert tight.tost_p(margin * 1.0001) < 0.05 < tight.tost_p(margin * 0.9999)
+    wide = t_test([0.05, -0.04, 0.02])
+    assert wide.tost_p(0.005) > 0.5  # the mean itself lies outside ±0.005
+    with pytest.raises(ValueError, match="margin"):
+        tight.tost_p(0.0)
+
+
+def test_bootstrap_top_rank() -> None:
+    clear = bootstrap_top_rank({"a": {0: -1.0, 1: -1.1, 2: -0.9}, "b": {0: 0.0, 1: 0.1, 2: -0.1}})
+    assert clear == {"a": 1.0, "b": 0.0}
+    close = bootstrap_top_rank({"a": {0: -1.0, 1: 0.0, 2: -0.5}, "b": {0: -0.5, 1: -0.4, 2: -0.6}})
+    assert sum(close.values()) == pytest.approx(1.0) and 0.1 < close["a"] < 0.9
+    assert bootstrap_top_rank({"a": {0: 1.0}}) == {}

@@ -1,0 +1,271 @@
+"""The declared analysis: each contrast of the endpoint in each format, paired by seed, corrected over the family.
+
+What a job contributes (its *value*): a completed job its endpoint metric; a diverged job (non-finite or exploding
+loss, or the divergence rule's "never learned") counts as a failure and enters with ``failure_value`` — by default its
+initial validation loss, i.e. it learned nothing — so failures weigh against their arm instead of dropping out;
+a crashed (``failed``) or missing job is no result and leaves its seed unpaired. A completed job that stopped short
+of the declared horizon is not comparable and is left out, with a note.
+
+Per (contrast, format): Δ per seed = value(treatment) − value(reference); a t-test of the mean Δ (per-format
+variance, or pooled across the family's formats when declared); the family's p-values adjusted by the declared
+correction; a verdict that is only ever one of
+
+- ``benefit`` / ``harm``: adjusted p < α and the sign of the mean;
+- ``tie``: the equivalence test (TOST, margin ±tie_margin) rejects at the adjusted level;
+- ``not established``: neither.
+
+Which format benefits most (primary contrast): a format A with a ``benefit`` verdict whose paired (1 − α) CI of
+Δ(A) − Δ(B) lies below 0 against every other format B of the family (an intersection–union test: no further
+correction). The seed-bootstrap probability of being the top format is given for every format, as a description.
+Formats that give the same grid under the runs' scaling are one arm: the first in report order stands for them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from altgrad.report.endpoint import Contrast, Endpoint, parse_endpoint
+from altgrad.report.load import Job
+from altgrad.report.order import FORMAT_ORDER, REFERENCE_FORMATS, rank
+from altgrad.report.stats import CORRECTIONS, TTest, bootstrap_top_rank, pooled_sd, t_test
+
+SameGrid = Callable[[str, str], bool]
+VERDICTS = ("benefit", "harm", "tie", "not established")
+
+
+def declared_endpoints(jobs: Sequence[Job]) -> list[tuple[Endpoint, list[Job]]]:
+    """The distinct declarations found in the jobs' saved configs, each with its jobs (report order kept).
+
+    A declaration that does not parse (an old or hand-edited config) is skipped; ``endpoint_problems`` says why."""
+    groups: list[tuple[Endpoint, list[Job]]] = []
+    for job in jobs:
+        raw = job.config.get("endpoint")
+        if raw is None:
+            continue
+        try:
+            ep = parse_endpoint(raw)
+        except ValueError:
+            continue
+        for known, members in groups:
+            if known == ep:
+                members.append(job)
+                break
+        else:
+            groups.append((ep, [job]))
+    return groups
+
+
+def endpoint_problems(jobs: Sequence[Job]) -> list[str]:
+    """One line per job whose saved endpoint declaration is invalid."""
+    out = []
+    for job in jobs:
+        raw = job.config.get("endpoint")
+        if raw is None:
+            continue
+        try:
+            parse_endpoint(raw)
+        except ValueError as exc:
+            out.append(f"{job.name}: {exc}")
+    return out
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One format × optimizer label in the endpoint's storage: its jobs, per-seed values and failure counts."""
+
+    format: str
+    label: str
+    jobs: tuple[Job, ...]
+    values: dict[int, float]
+    n_failures: int          # diverged (including never learned) among its jobs
+    n_no_result: int         # crashed, missing, or short of the horizon
+    lrs: tuple[float, ...]
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One contrast in one format."""
+
+    contrast: Contrast
+    format: str
+    treatment: Arm | None
+    reference: Arm | None
+    deltas: dict[int, float]
+    test: TTest
+    confidence: float
+    p_adjusted: float = 1.0
+    tost_adjusted: float = 1.0
+    verdict: str = "not established"
+    why_missing: str | None = None
+
+    @property
+    def ci(self) -> tuple[float, float] | None:
+        return self.test.ci(self.confidence)
+
+
+@dataclass(frozen=True)
+class Ranking:
+    """Which format benefits most on the primary contrast, or that this is not established."""
+
+    winner: str | None
+    leader: str | None                           # lowest mean Δ (a point estimate, whatever its evidence)
+    versus: dict[str, TTest]                     # leader's Δ − other's Δ, paired by seed
+    top_probability: dict[str, float]            # seed bootstrap: P(format has the lowest mean Δ)
+    confidence: float
+
+
+@dataclass(frozen=True)
+class StudyResult:
+    endpoint: Endpoint
+    jobs: tuple[Job, ...]
+    formats: tuple[str, ...]                     # the family's formats, one per distinct grid
+    merged: dict[str, tuple[str, ...]]           # representative → formats that share its grid
+    missing_formats: tuple[str, ...]             # declared but not run
+    comparisons: tuple[Comparison, ...]
+    ranking: Ranking
+    arms: dict[tuple[str, str], Arm] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+
+    def of(self, contrast: Contrast) -> list[Comparison]:
+        return [c for c in self.comparisons if c.contrast == contrast]
+
+
+def _value(job: Job, ep: Endpoint) -> tuple[float | None, str]:
+    """(value, kind): kind is completed, failure, short or none."""
+    if job.state == "completed":
+        steps = job.summary.get("steps")
+        if ep.horizon is not None and isinstance(steps, int) and steps < ep.horizon:
+            return None, "short"
+        v = job.final_loss if ep.metric == "final_val_loss" else job.best_loss
+        return v, "completed" if v is not None else "none"
+    if job.state == "diverged":
+        if ep.failure_value == "exclude":
+            return None, "failure"
+        v = job.summary.get("initial_val_loss")
+        return (float(v) if isinstance(v, (int, float)) and math.isfinite(v) else None), "failure"
+    return None, "none"
+
+
+def build_arm(fmt: str, label: str, jobs: Sequence[Job], ep: Endpoint, fallback_failure: float | None) -> Arm:
+    """Per-seed values of one arm; a failure without its own initial loss takes ``fallback_failure``."""
+    per_seed: dict[int, list[float]] = {}
+    failures = no_result = 0
+    notes = []
+    for job in jobs:
+        v, kind = _value(job, ep)
+        if kind == "failure":
+            failures += 1
+            if v is None and ep.failure_value != "exclude":
+                v = fallback_failure
+        elif kind == "short":
+            no_result += 1
+            notes.append(f"{job.name} stopped at step {job.summary.get('steps')} < horizon {ep.horizon}")
+        elif kind == "none":
+            no_result += 1
+        if v is not None and job.seed is not None:
+            per_seed.setdefault(job.seed, []).append(v)
+    lrs = tuple(sorted({j.lr for j in jobs if j.lr is not None}))
+    if len(lrs) > 1:
+        notes.append(f"{fmt} {label} ran {len(lrs)} learning rates ({', '.join(f'{x:g}' for x in lrs)}); the "
+                     "declared analysis needs one per arm (tune on separate seeds), so this arm is left out")
+        per_seed = {}
+    return Arm(fmt, label, tuple(jobs), {s: math.fsum(v) / len(v) for s, v in per_seed.items()}, failures,
+               no_result, lrs, tuple(notes))
+
+
+def grid_classes(formats: Sequence[str], same_grid: SameGrid | None) -> dict[str, tuple[str, ...]]:
+    """Representative (first in report order) → every format sharing its grid."""
+    ordered = sorted(set(formats), key=lambda f: rank(FORMAT_ORDER, f))
+    classes: dict[str, list[str]] = {}
+    for f in ordered:
+        rep = next((r for r in classes if same_grid is not None and same_grid(r, f)), None)
+        if rep is None:
+            classes[f] = [f]
+        else:
+            classes[rep].append(f)
+    return {r: tuple(m) for r, m in classes.items()}
+
+
+def analyse(ep: Endpoint, jobs: Sequence[Job], same_grid: SameGrid | None = None) -> StudyResult:
+    """The declared analysis of one endpoint over its jobs."""
+    jobs = tuple(j for j in jobs if j.storage == ep.storage)
+    ran = sorted({j.format for j in jobs if j.format not in REFERENCE_FORMATS}, key=lambda f: rank(FORMAT_ORDER, f))
+    declared = list(ep.formats) if ep.formats is not None else ran
+    classes = grid_classes(declared, same_grid)
+    formats = tuple(classes)
+    merged = {r: m for r, m in classes.items() if len(m) > 1}
+    missing = tuple(f for f in declared if f not in ran)
+    notes: list[str] = []
+    # a merged class is analysed through its representative's runs, or the first member that ran
+    source = {r: next((f for f in m if f in ran), r) for r, m in classes.items()}
+
+    labels = sorted({lab for c in ep.contrasts for lab in (c.treatment, c.reference)})
+    arms: dict[tuple[str, str], Arm] = {}
+    for rep in formats:
+        fmt = source[rep]
+        fjobs = [j for j in jobs if j.format == fmt]
+        initials = [v for v in (j.summary.get("initial_val_loss") for j in fjobs)
+                    if isinstance(v, (int, float)) and math.isfinite(v)]
+        fallback = max(initials) if initials else None
+        for label in labels:
+            arm = build_arm(rep, label, [j for j in fjobs if j.optimizer_label == label], ep, fallback)
+            arms[(rep, label)] = arm
+            notes.extend(arm.notes)
+
+    confidence = 1.0 - ep.alpha
+    raw: list[tuple[Contrast, str, Arm | None, Arm | None, dict[int, float], str | None]] = []
+    for contrast in ep.contrasts:
+        for rep in formats:
+            t, r = arms.get((rep, contrast.treatment)), arms.get((rep, contrast.reference))
+            why = None
+            if t is None or not t.jobs:
+                why = f"no {contrast.treatment} runs"
+            elif r is None or not r.jobs:
+                why = f"no {contrast.reference} runs"
+            deltas = {} if why else {s: t.values[s] - r.values[s] for s in t.values if s in r.values}
+            if why is None and len(deltas) < 2:
+                why = f"{len(deltas)} seed pair(s)"
+            raw.append((contrast, rep, t, r, deltas, why))
+
+    pooled: dict[Contrast, tuple[float, float] | None] = {}
+    if ep.pooled_variance:
+        for contrast in ep.contrasts:
+            pooled[contrast] = pooled_sd([list(d.values()) for c, _, _, _, d, _ in raw if c == contrast])
+    tests = [t_test(list(d.values()), pooled.get(c)) for c, _, _, _, d, _ in raw]
+    adjust = CORRECTIONS[ep.correction]
+    p_adj = adjust([t.p_value for t in tests])
+    tost_adj = adjust([t.tost_p(ep.tie_margin) for t in tests])
+    comparisons = []
+    for (contrast, rep, t, r, deltas, why), test, pa, ta in zip(raw, tests, p_adj, tost_adj):
+        if test.mean is not None and pa < ep.alpha:
+            verdict = "benefit" if test.mean < 0 else "harm"
+        elif ta < ep.alpha:
+            verdict = "tie"
+        else:
+            verdict = "not established"
+        comparisons.append(Comparison(contrast, rep, t, r, deltas, test, confidence, pa, ta, verdict, why))
+
+    ranking = rank_formats([c for c in comparisons if c.contrast == ep.primary_contrast], ep.alpha)
+    return StudyResult(ep, jobs, formats, merged, missing, tuple(comparisons), ranking, arms, tuple(notes))
+
+
+def rank_formats(primary: Sequence[Comparison], alpha: float) -> Ranking:
+    """The format that benefits most on the primary contrast, if the evidence says so (see the module docstring)."""
+    confidence = 1.0 - alpha
+    usable = [c for c in primary if c.test.mean is not None and len(c.deltas) >= 2]
+    if not usable:
+        return Ranking(None, None, {}, {}, confidence)
+    leader = min(usable, key=lambda c: c.test.mean)
+    versus = {}
+    for other in usable:
+        if other is leader:
+            continue
+        seeds = [s for s in leader.deltas if s in other.deltas]
+        versus[other.format] = t_test([leader.deltas[s] - other.deltas[s] for s in seeds])
+    separated = all((ci := v.ci(confidence)) is not None and ci[1] < 0 for v in versus.values())
+    winner = leader.format if leader.verdict == "benefit" and versus and separated else None
+    top = bootstrap_top_rank({c.format: c.deltas for c in usable})
+    return Ranking(winner, leader.format, versus, top, confidence)
