@@ -1,0 +1,225 @@
+"""The declared-endpoint analysis on synthetic records of known truth: planted effects are found, null studies
+claim a benefit no more often than the nominal rate, failures count against their arm, and declarations are checked."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from report_synthetic import write_job
+
+from altgrad.report.endpoint import Contrast, parse_endpoint
+from altgrad.report.findings import study_lines
+from altgrad.report.load import Job, load_sweeps
+from altgrad.report.study import analyse, declared_endpoints, endpoint_problems, grid_classes
+
+FORMATS = ("e3m4", "e4m3", "e5m2", "e7m0")
+ARMS = ("adamw", "manifold[update]", "relative")
+DECLARATION: dict[str, Any] = {
+    "metric": "final_val_loss", "horizon": 50,
+    "contrasts": [{"treatment": "manifold[update]", "reference": "adamw"},
+                  {"treatment": "manifold[update]", "reference": "relative"}],
+    "formats": list(FORMATS), "correction": "holm", "alpha": 0.05, "tie_margin": 0.02,
+}
+
+
+def job(fmt: str, label: str, seed: int, value: float | None, *, status: str = "completed",
+        declaration: dict[str, Any] | None = None, lr: float = 1e-3, steps: int = 50,
+        initial: float | None = 5.5) -> Job:
+    """One job as the loader makes it, in memory (no files: the null-study simulation builds thousands)."""
+    summary = {"status": status, "final_val_loss": value, "best_val_loss": value, "initial_val_loss": initial,
+               "steps": steps, "seed": seed, "format": fmt, "optimizer": label.split("[")[0],
+               "optimizer_label": label, "lr": lr, "master": "fp32", "experiment": "study_test",
+               "config": {"endpoint": declaration or DECLARATION}}
+    return Job(Path(f"{fmt}-{label}-{seed}"), f"{fmt}/{label}/{seed}", status, summary)
+
+
+def study(effects: dict[tuple[str, str], float], rng: np.random.Generator, seeds: int = 5, noise: float = 0.02,
+          declaration: dict[str, Any] | None = None) -> list[Job]:
+    """Per seed a shared format baseline (init and data order), plus the arm's planted effect and its own noise."""
+    jobs = []
+    for fmt in FORMATS:
+        for seed in range(seeds):
+            base = 3.0 + rng.normal(0.0, 0.05)
+            for label in ARMS:
+                value = base + effects.get((fmt, label), 0.0) + rng.normal(0.0, noise)
+                jobs.append(job(fmt, label, seed, float(value), declaration=declaration))
+    return jobs
+
+
+def run(jobs: list[Job], same_grid=None):
+    ((ep, members),) = declared_endpoints(jobs)
+    return analyse(ep, members, same_grid)
+
+
+def claims_benefit(lines: list[str]) -> bool:
+    return any("**Answer:" in line or "lower loss (treatment helps)" in line for line in lines)
+
+
+def test_planted_effect_is_found_and_ranked() -> None:
+    rng = np.random.default_rng(1)
+    result = run(study({("e5m2", "manifold[update]"): -0.30, ("e4m3", "manifold[update]"): -0.10}, rng))
+    verdicts = {(c.contrast.reference, c.format): c.verdict for c in result.comparisons}
+    assert verdicts[("adamw", "e5m2")] == verdicts[("relative", "e5m2")] == "benefit"
+    assert verdicts[("adamw", "e4m3")] == "benefit"
+    assert verdicts[("adamw", "e3m4")] in ("not established", "tie")
+    assert result.ranking.winner == "e5m2" and result.ranking.top_probability["e5m2"] > 0.95
+    lines = study_lines(result, "study_test")
+    assert any(line.startswith("**Answer: e5m2 benefits most** from manifold[update] − adamw: Δ = -0.29")
+               for line in lines)
+    assert lines[0].startswith("Declared endpoint (study_test), read from the jobs' saved config: metric "
+                               "final_val_loss at step 50")
+    assert "= 8 tests" in lines[0]
+
+
+def test_close_leaders_are_not_ranked() -> None:
+    rng = np.random.default_rng(2)
+    result = run(study({("e5m2", "manifold[update]"): -0.30, ("e4m3", "manifold[update]"): -0.29}, rng))
+    primary = {c.format: c.verdict for c in result.of(result.endpoint.primary_contrast)}
+    assert primary["e5m2"] == primary["e4m3"] == "benefit"
+    assert result.ranking.winner is None and result.ranking.leader in ("e5m2", "e4m3")
+    lines = study_lines(result)
+    assert any(line.startswith("Which format benefits most: **not established**. Point-estimate leader")
+               and "its lead is within the paired CI" in line for line in lines)
+
+
+def test_null_studies_claim_a_benefit_at_most_at_the_nominal_rate() -> None:
+    rng = np.random.default_rng(20261125)
+    n_studies, claims, rejections = 200, 0, 0
+    for _ in range(n_studies):
+        result = run(study({}, rng, noise=0.05))
+        lines = study_lines(result)
+        benefit = any(c.verdict == "benefit" for c in result.comparisons) or result.ranking.winner is not None
+        assert benefit == claims_benefit(lines)  # the text claims exactly what the verdicts say
+        claims += benefit
+        rejections += any(c.verdict in ("benefit", "harm") for c in result.comparisons)
+    # Holm keeps the family-wise error of the 8 tests at or below α = 0.05 (a benefit claim is one side of it)
+    assert claims <= 0.05 * n_studies
+    assert rejections <= 0.05 * n_studies + 2 * np.sqrt(0.05 * 0.95 * n_studies)
+
+
+def test_without_correction_the_same_nulls_claim_more() -> None:
+    """The check above can fail: uncorrected, 8 tests per study reject far more often than α."""
+    rng = np.random.default_rng(20261125)
+    loose = dict(DECLARATION, correction="none")
+    rejections = sum(any(c.verdict in ("benefit", "harm") for c in run(study({}, rng, noise=0.05, declaration=loose))
+                         .comparisons) for _ in range(100))
+    assert rejections > 15
+
+
+def test_tie_only_by_equivalence() -> None:
+    rng = np.random.default_rng(3)
+    tight = run(study({}, rng, noise=0.002, seeds=6))
+    assert all(c.verdict == "tie" for c in tight.comparisons)
+    assert all(c.tost_adjusted < 0.05 for c in tight.comparisons)
+    loose = run(study({}, np.random.default_rng(3), noise=0.05, seeds=3))
+    assert not any(c.verdict == "tie" for c in loose.comparisons)  # no evidence of a difference is not a tie
+    lines = study_lines(tight)
+    assert any("equivalent within ±0.02 (TOST) in e3m4" in line for line in lines)
+
+
+def test_diverged_runs_count_as_failures_not_dropped() -> None:
+    rng = np.random.default_rng(4)
+    jobs = study({("e7m0", "manifold[update]"): -0.05}, rng)
+    # two manifold seeds of e7m0 diverge: they enter with their initial loss (5.5), not dropped
+    jobs = [job("e7m0", "manifold[update]", j.seed, None, status="diverged")
+            if j.format == "e7m0" and j.optimizer_label == "manifold[update]" and j.seed in (0, 1) else j
+            for j in jobs]
+    result = run(jobs)
+    c = next(c for c in result.of(Contrast("manifold[update]", "adamw")) if c.format == "e7m0")
+    assert len(c.deltas) == 5 and c.deltas[0] == pytest.approx(5.5 - result.arms[("e7m0", "adamw")].values[0])
+    assert c.treatment.n_failures == 2 and c.verdict != "benefit"
+    assert any("Failures (diverged or never learned), entered in Δ at their initial validation loss" in line
+               and "e7m0 manifold[update] 2/5" in line for line in study_lines(result))
+    # without its own initial loss a failure takes the largest initial loss of its format
+    jobs2 = [job(j.format, j.optimizer_label, j.seed, None, status="diverged", initial=None)
+             if j.state == "diverged" else j for j in jobs]
+    assert run(jobs2).arms[("e7m0", "manifold[update]")].values[0] == 5.5
+    # survivorship, for comparison only: excluded, the three surviving seeds remain
+    excluded = run(study({}, np.random.default_rng(4), declaration=dict(DECLARATION, failure_value="exclude"))
+                   [:0] + [job(j.format, j.optimizer_label, j.seed, j.final_loss, status=j.state,
+                               declaration=dict(DECLARATION, failure_value="exclude")) for j in jobs])
+    assert len(next(c for c in excluded.comparisons if c.format == "e7m0").deltas) == 3
+
+
+def test_shared_grids_are_one_arm_and_missing_formats_stay_in_the_family() -> None:
+    declaration = dict(DECLARATION, formats=["e0m7", "e1m6", "e4m3", "p3109_p2"])
+    rng = np.random.default_rng(5)
+    jobs = [job(fmt, label, seed, 3.0 + rng.normal(0, 0.02), declaration=declaration)
+            for fmt in ("e0m7", "e1m6", "e4m3") for seed in range(3) for label in ARMS]
+    same = {frozenset(("e0m7", "e1m6"))}
+    result = run(jobs, lambda a, b: frozenset((a, b)) in same)
+    assert result.formats == ("e0m7", "e4m3", "p3109_p2")
+    assert result.merged == {"e0m7": ("e0m7", "e1m6")}
+    assert result.missing_formats == ("p3109_p2",)
+    assert len(result.comparisons) == 6
+    missing = [c for c in result.comparisons if c.format == "p3109_p2"]
+    assert all(c.p_adjusted == 1.0 and c.why_missing == "no manifold[update] runs" for c in missing)
+    lines = study_lines(result)
+    assert "e0m7, e1m6 give the same grid under the runs' scaling: analysed as one arm (e0m7), not as separate " \
+           "formats." in lines
+    assert grid_classes(["e1m6", "e0m7", "e5m2"], None) == {"e0m7": ("e0m7",), "e1m6": ("e1m6",),
+                                                             "e5m2": ("e5m2",)}
+
+
+def test_arms_with_several_lrs_or_short_runs_are_not_analysed_as_if_tuned() -> None:
+    rng = np.random.default_rng(6)
+    jobs = study({}, rng)
+    jobs += [job("e4m3", "adamw", s, 2.0, lr=3e-3) for s in range(5)]
+    jobs = [job(j.format, j.optimizer_label, j.seed, j.final_loss, steps=40) if j.format == "e3m4"
+            and j.optimizer_label == "relative" and j.seed == 0 else j for j in jobs]
+    result = run(jobs)
+    assert result.arms[("e4m3", "adamw")].values == {}
+    assert any("e4m3 adamw ran 2 learning rates" in n for n in result.notes)
+    assert any("stopped at step 40 < horizon 50" in n for n in result.notes)
+    assert 0 not in result.arms[("e3m4", "relative")].values
+
+
+def test_pooled_variance_adds_degrees_of_freedom() -> None:
+    rng = np.random.default_rng(7)
+    pooled = run(study({}, rng, declaration=dict(DECLARATION, pooled_variance=True)))
+    assert {c.test.df for c in pooled.comparisons} == {16.0}  # 4 formats × (5 − 1)
+    plain = run(study({}, np.random.default_rng(7)))
+    assert {c.test.df for c in plain.comparisons} == {4}
+
+
+@pytest.mark.parametrize("raw, message", [
+    ({"metric": "val_ppl", "contrasts": [{"treatment": "a", "reference": "b"}]}, "endpoint.metric='val_ppl'"),
+    ({"contrasts": []}, "endpoint.contrasts=[]"),
+    ({"contrasts": [{"treatment": "a", "reference": "a"}]}, "endpoint.contrasts[0]"),
+    ({"contrasts": [{"treatment": "a", "reference": "b"}], "primary": 1}, "endpoint.primary=1"),
+    ({"contrasts": [{"treatment": "a", "reference": "b"}], "correction": "sidak"},
+     "endpoint.correction=.sidak. is invalid; valid: holm, bh, none"),
+    ({"contrasts": [{"treatment": "a", "reference": "b"}], "alpha": 0.7}, "endpoint.alpha=0.7"),
+    ({"contrasts": [{"treatment": "a", "reference": "b"}], "tie_margin": 0}, "endpoint.tie_margin=0"),
+    ({"contrasts": [{"treatment": "a", "reference": "b"}], "horizon": 0}, "endpoint.horizon=0"),
+    ({"contrasts": [{"treatment": "a", "reference": "b"}], "formats": ["e4m3", "e4m3"]}, "endpoint.formats"),
+    ({"contrasts": [{"treatment": "a", "reference": "b"}], "colour": 1}, "endpoint.colour is not a known key"),
+])
+def test_bad_declarations_are_one_line_errors(raw: dict, message: str) -> None:
+    with pytest.raises(ValueError, match="^" + message.replace("[", r"\[").replace("(", r"\(")) as exc:
+        parse_endpoint(raw)
+    assert "\n" not in str(exc.value) and "valid" in str(exc.value)
+
+
+def test_declaration_defaults_and_description() -> None:
+    ep = parse_endpoint({"contrasts": [{"treatment": "manifold[update]", "reference": "adamw"}]})
+    assert (ep.metric, ep.correction, ep.alpha, ep.storage, ep.failure_value) == (
+        "final_val_loss", "holm", 0.05, "fp32 master", "initial_val_loss")
+    assert "(1) manifold[update] − adamw [primary]" in ep.describe()
+
+
+def test_declaration_read_from_saved_configs(tmp_path: Path) -> None:
+    for seed in range(2):
+        for opt, loss in (("adamw", 3.0), ("manifold", 2.9)):
+            write_job(tmp_path / f"{opt}{seed}", fmt="e4m3", optimizer=opt, seed=seed, final=loss + 0.01 * seed,
+                      config={"endpoint": DECLARATION, "format": {"name": "e4m3"}})
+    write_job(tmp_path / "bad", fmt="e4m3", optimizer="adamw", seed=9, final=3.0,
+              config={"endpoint": {"contrasts": []}})
+    jobs = load_sweeps([tmp_path]).jobs
+    ((ep, members),) = declared_endpoints(jobs)
+    assert ep == parse_endpoint(DECLARATION) and len(members) == 4
+    (problem,) = endpoint_problems(jobs)
+    assert problem.startswith("bad: endpoint.contrasts=[] is invalid")
