@@ -288,6 +288,9 @@ SECTIONS: dict[str, Section] = {
 }
 # Top-level keys that are not sections: mappings of `_target_` configs, and scalars.
 TARGET_MAPPINGS = ("logger", "callbacks")
+# Mappings of plain values that sections interpolate (checked where used): the AdamW baseline's hyper-parameters
+# (conf/train.yaml) and a study's tuned learning rates (conf/experiment/optim/tuned/, written by sweep.lr_pick).
+VALUE_MAPPINGS = ("baseline", "tuned_lr")
 SCALARS: dict[str, tuple[type, ...]] = {
     "seed": (int,),
     "ckpt_path": (str, type(None)),
@@ -340,7 +343,7 @@ def validate(cfg: DictConfig, *, paths: bool = True) -> dict[str, Any]:
     paths=False skips `paths`, whose `${hydra:...}` interpolation only resolves inside a Hydra job.
     Raises ConfigError (one line) on the first problem.
     """
-    known = set(SECTIONS) | set(TARGET_MAPPINGS) | set(SCALARS) | {"hydra"}
+    known = set(SECTIONS) | set(TARGET_MAPPINGS) | set(VALUE_MAPPINGS) | set(SCALARS) | {"hydra"}
     for key in cfg:
         if key not in known:
             raise ConfigError(f"{key} is not a known top-level key; valid: {', '.join(sorted(known - {'hydra'}))}")

@@ -1,4 +1,5 @@
-"""ULP-aware optimizers (ManifoldAdamW, GridOptim), the Madam anchor, and the config-driven factory."""
+"""ULP-aware optimizers (ManifoldAdamW, GridOptim), the Madam anchor, the relative-step control (RelativeAdamW),
+and the config-driven factory."""
 
 from altgrad.optim.base import PLAIN_BETAS, PLAIN_EPS, PLAIN_LR, QuantAwareOptimizer
 from altgrad.optim.factory import build_optimizer, weight_decay_groups
@@ -6,6 +7,7 @@ from altgrad.optim.grid import GridOptim
 from altgrad.optim.grid_walk import grid_ordinal, ordinal_value, walk
 from altgrad.optim.madam import Madam
 from altgrad.optim.manifold import ManifoldAdamW
+from altgrad.optim.relative import RelativeAdamW
 from altgrad.optim.stiffness import STIFFNESS_KINDS, Grid, stiffness
 
 __all__ = [
@@ -18,6 +20,7 @@ __all__ = [
     "Madam",
     "ManifoldAdamW",
     "QuantAwareOptimizer",
+    "RelativeAdamW",
     "build_optimizer",
     "grid_ordinal",
     "ordinal_value",

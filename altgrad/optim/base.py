@@ -3,7 +3,9 @@
 ULP-aware rules need, per parameter, the format and current scale the forward pass uses for it (a "grid": the
 parameter's weight TensorQuantizer).  Parameters without one (embeddings, LayerNorm, biases, unquantized layers)
 cannot be stepped in ULPs; they go to "plain" groups that the same optimizer steps with AdamW at ``plain_lr``,
-so one optimizer object (one Lightning optimizer, one LR schedule) drives the whole model.
+so one optimizer object (one Lightning optimizer, one LR schedule) drives the whole model.  The configs take every
+plain hyper-parameter from the top-level ``baseline`` (conf/train.yaml), which the AdamW baseline uses too: the
+plain groups of every arm step exactly as that baseline steps the same tensors.
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ from torch.optim import Optimizer
 from altgrad.optim.adam import adamw_step_, hyper_tensor, init_adam_state
 from altgrad.optim.stiffness import Grid
 
-PLAIN_LR = 5e-3  # AdamW lr of the plain (grid-less) groups, real units: conf/optimizer/adamw.yaml's tuned lr
-PLAIN_BETAS = (0.9, 0.99)  # conf/optimizer/adamw.yaml's betas: plain groups step like the baseline
+PLAIN_LR = 5e-3  # AdamW lr of the plain (grid-less) groups, real units: conf/train.yaml's baseline.lr
+PLAIN_BETAS = (0.9, 0.99)  # conf/train.yaml's baseline.betas: plain groups step like the baseline
 PLAIN_EPS = 1e-8
 
 
@@ -30,7 +32,9 @@ class QuantAwareOptimizer(Optimizer, metaclass=abc.ABCMeta):
     ``grids`` maps Parameter → grid (TensorQuantizer: ``.spec.format``, ``.scale_for(w)``).  It is structure, not
     state: rebuilt from the model at every construction and never saved in ``state_dict``.  ``grids=None`` means
     "no split": every parameter takes the rule, which only rules that need no grid (``needs_grid = False``) allow.
-    Each group carries ``plain: bool``.
+    Each group carries ``plain: bool``.  Plain groups take ``plain_lr``, ``plain_betas``, ``plain_eps`` and, when
+    ``plain_weight_decay`` is given, AdamW's decay split: tensors of ≥ 2 dims decay at ``plain_weight_decay``,
+    the others not at all (nanoGPT's groups); ``None`` keeps each group's own ``weight_decay``.
     """
 
     needs_grid: bool = True
@@ -44,6 +48,7 @@ class QuantAwareOptimizer(Optimizer, metaclass=abc.ABCMeta):
         plain_lr: float = PLAIN_LR,
         plain_betas: tuple[float, float] = PLAIN_BETAS,
         plain_eps: float = PLAIN_EPS,
+        plain_weight_decay: float | None = None,
     ) -> None:
         name = type(self).__name__
         if grids is None and self.needs_grid:
@@ -51,6 +56,9 @@ class QuantAwareOptimizer(Optimizer, metaclass=abc.ABCMeta):
                              "scale; build it with altgrad.optim.build_optimizer or altgrad.quant.layers.weight_grids")
         if plain_lr <= 0:
             raise ValueError(f"{name}: plain_lr={plain_lr} is not valid; valid: a positive AdamW learning rate")
+        if plain_weight_decay is not None and plain_weight_decay < 0:
+            raise ValueError(f"{name}: plain_weight_decay={plain_weight_decay} is not valid; valid: >= 0, or None "
+                             "(each group's own weight_decay)")
         self.grids: dict[Tensor, Grid] | None = None if grids is None else dict(grids)
         groups: list[dict[str, Any]] = []
         for group in _as_groups(params):
@@ -59,9 +67,15 @@ class QuantAwareOptimizer(Optimizer, metaclass=abc.ABCMeta):
             plain = [p for p in members if self.grids is not None and p not in self.grids]
             if rule:
                 groups.append({**group, "params": rule, "plain": False})
-            if plain:
-                groups.append({**group, "params": plain, "plain": True, "lr": group.get("plain_lr", plain_lr),
-                               "betas": tuple(plain_betas), "eps": plain_eps})
+            plain_hyper = {"plain": True, "lr": group.get("plain_lr", plain_lr), "betas": tuple(plain_betas),
+                           "eps": plain_eps}
+            if plain and plain_weight_decay is None:
+                groups.append({**group, "params": plain, **plain_hyper})
+            elif plain:
+                for part, decay in (([p for p in plain if p.dim() >= 2], plain_weight_decay),
+                                        ([p for p in plain if p.dim() < 2], 0.0)):
+                    if part:
+                        groups.append({**group, "params": part, **plain_hyper, "weight_decay": decay})
         super().__init__(groups, defaults)
 
     # -- the step ----------------------------------------------------------------------------------------------

@@ -58,6 +58,7 @@ class GridOptim(QuantAwareOptimizer):
         plain_lr: float = PLAIN_LR,
         plain_betas: tuple[float, float] = PLAIN_BETAS,
         plain_eps: float = PLAIN_EPS,
+        plain_weight_decay: float | None = None,
     ) -> None:
         if lr <= 0:
             raise ValueError(f"GridOptim: lr={lr} is not valid; valid: > 0")
@@ -74,7 +75,7 @@ class GridOptim(QuantAwareOptimizer):
                              "format other than fp32 and keep weights on the grid with quant.master=none")
         defaults = {"lr": lr, "inner": inner, "lr_unit": lr_unit, "momentum": momentum, "dampening": dampening,
                         "nesterov": nesterov, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay}
-        super().__init__(params, defaults, grids, plain_lr, plain_betas, plain_eps)
+        super().__init__(params, defaults, grids, plain_lr, plain_betas, plain_eps, plain_weight_decay)
         for p in self.grids or {}:
             check_walkable(self.grids[p].spec.format)
         self.seed = int(torch.initial_seed() if seed is None else seed) & 0x7FFF_FFFF_FFFF_FFFF

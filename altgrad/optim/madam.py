@@ -41,6 +41,7 @@ class Madam(QuantAwareOptimizer):
         plain_lr: float = PLAIN_LR,
         plain_betas: tuple[float, float] = PLAIN_BETAS,
         plain_eps: float = PLAIN_EPS,
+        plain_weight_decay: float | None = None,
     ) -> None:
         if lr <= 0:
             raise ValueError(f"Madam: lr={lr} is not valid; valid: > 0")
@@ -49,7 +50,7 @@ class Madam(QuantAwareOptimizer):
         if not 0.0 <= beta < 1.0:
             raise ValueError(f"Madam: beta={beta} is not valid; valid: [0, 1)")
         defaults = {"lr": lr, "p_scale": p_scale, "g_bound": g_bound, "beta": beta, "weight_decay": weight_decay}
-        super().__init__(params, defaults, grids, plain_lr, plain_betas, plain_eps)
+        super().__init__(params, defaults, grids, plain_lr, plain_betas, plain_eps, plain_weight_decay)
 
     def _rule_step(self, group: dict[str, Any]) -> None:
         params = self._with_grads(group)

@@ -45,6 +45,7 @@ class ManifoldAdamW(QuantAwareOptimizer):
         plain_lr: float = PLAIN_LR,
         plain_betas: tuple[float, float] = PLAIN_BETAS,
         plain_eps: float = PLAIN_EPS,
+        plain_weight_decay: float | None = None,
     ) -> None:
         if lr <= 0:
             raise ValueError(f"ManifoldAdamW: lr={lr} is not valid; valid: > 0 (ULPs per step for 'update')")
@@ -52,7 +53,7 @@ class ManifoldAdamW(QuantAwareOptimizer):
             raise ValueError(f"ManifoldAdamW: betas={tuple(betas)} are not valid; valid: each in [0, 1)")
         defaults = {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay,
                         "stiffness_on": stiffness_on, "stiffness_kind": stiffness_kind}
-        super().__init__(params, defaults, grids, plain_lr, plain_betas, plain_eps)
+        super().__init__(params, defaults, grids, plain_lr, plain_betas, plain_eps, plain_weight_decay)
         for group in self.param_groups:
             if group["stiffness_on"] not in STIFFNESS_PLACEMENTS:
                 raise ValueError(f"ManifoldAdamW: stiffness_on={group['stiffness_on']!r} is not valid; valid: "

@@ -19,7 +19,8 @@ from altgrad.config import ConfigError
 FINISHED = ("completed", "diverged")
 SUMMARY = "summary.json"
 # Config keys that say where and how a run is stored or shown, not what it computes.
-NOT_IDENTITY = ("paths", "resume_sweep", "run_name", "data.cache_dir", "trainer.progress_refresh")
+# A tuned-lr table is not identity either: the lrs a run takes from it are in optimizer.lr and baseline.lr.
+NOT_IDENTITY = ("paths", "resume_sweep", "run_name", "data.cache_dir", "trainer.progress_refresh", "tuned_lr")
 
 
 def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:

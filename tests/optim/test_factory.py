@@ -30,12 +30,14 @@ def gpt(quantized: bool = True) -> GPT:
 
 
 def optimizer_config(option: str):
-    with initialize_config_dir(config_dir=str(CONF / "optimizer"), version_base="1.3"):
-        return compose(config_name=option)
+    """The option as a run composes it (through train.yaml, so `${baseline.*}` resolves), resolved."""
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=[f"optimizer={option}"])
+    return OmegaConf.create(OmegaConf.to_container(cfg.optimizer, resolve=True))
 
 
 def test_the_option_list_has_the_issue_optimizers():
-    assert {"adamw", "sgd", "manifold", "manifold_grad", "grid", "madam"} <= set(OPTIONS)
+    assert {"adamw", "sgd", "manifold", "manifold_grad", "grid", "madam", "relative"} <= set(OPTIONS)
 
 
 @pytest.mark.parametrize("option", OPTIONS)
@@ -54,8 +56,10 @@ def test_every_option_builds_and_steps(option):
     else:
         assert info["plain_params"] == [] and info["plain_lr"] is None
     decays = {id(p): g["weight_decay"] for g in optimizer.param_groups for p in g["params"]}
+    plain = set(info["plain_params"])
     for n, p in names.items():
-        assert decays[id(p)] == (cfg.get("weight_decay", 0.0) if p.dim() >= 2 else 0.0), n
+        wd = cfg.get("plain_weight_decay") if n in plain else cfg.get("weight_decay", 0.0)
+        assert decays[id(p)] == (wd if p.dim() >= 2 else 0.0), n
     idx = torch.randint(0, 64, (2, 16))
     before = {n: p.detach().clone() for n, p in names.items()}
 
@@ -80,11 +84,11 @@ def test_composed_through_train_yaml_too():
 
 def test_explicit_grids_override_the_model_and_an_unquantized_model_is_all_plain():
     model = gpt(quantized=False)
-    cfg = OmegaConf.load(CONF / "optimizer" / "manifold.yaml")
+    cfg = optimizer_config("manifold")
     optimizer, info = build_optimizer(cfg, model)
     assert info["rule_params"] == [] and len(info["plain_params"]) == len(list(model.parameters()))
     with pytest.raises(ValueError, match="needs at least one quantized weight"):
-        build_optimizer(OmegaConf.load(CONF / "optimizer" / "grid.yaml"), model)
+        build_optimizer(optimizer_config("grid"), model)
     from optim_helpers import quantizer
 
     w = model.transformer.h[0].mlp.c_fc.weight

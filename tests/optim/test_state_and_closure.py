@@ -10,7 +10,7 @@ import pytest
 import torch
 from optim_helpers import TinyNet
 
-from altgrad.optim import GridOptim, Madam, ManifoldAdamW
+from altgrad.optim import GridOptim, Madam, ManifoldAdamW, RelativeAdamW
 from altgrad.quant.layers import weight_grids
 
 FACTORIES: dict[str, Callable[..., torch.optim.Optimizer]] = {
@@ -21,6 +21,8 @@ FACTORIES: dict[str, Callable[..., torch.optim.Optimizer]] = {
     "grid[sgd,real]": lambda params, grids: GridOptim(params, lr=0.05, inner="sgd", lr_unit="real", seed=4,
                                                       grids=grids),
     "madam": lambda params, grids: Madam(params, lr=0.05, grids=grids),
+    "relative": lambda params, grids: RelativeAdamW(params, lr=0.05, weight_decay=0.1, grids=grids,
+                                                    plain_weight_decay=0.1),
 }
 BATCHES = [torch.randint(0, 11, (4, 9), generator=torch.Generator().manual_seed(i)) for i in range(8)]
 
@@ -105,7 +107,7 @@ class TinyModule(L.LightningModule):
         return FACTORIES[self.name](self.parameters(), weight_grids(self))
 
 
-@pytest.mark.parametrize("name", ["manifold[update]", "grid[adam]", "madam"])
+@pytest.mark.parametrize("name", ["manifold[update]", "grid[adam]", "madam", "relative"])
 def test_lightning_trains_through_the_closure(name, tmp_path):
     torch.manual_seed(0)
     module = TinyModule(name)

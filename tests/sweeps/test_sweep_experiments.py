@@ -123,7 +123,9 @@ def test_arms_bundle_an_optimizer_with_a_meaningful_storage(hydra_conf: None) ->
         validate(cfg, paths=False)
         bundle = OmegaConf.load(CONF_DIR / "experiment" / "optim" / f"{optim}.yaml")
         assert (cfg.optimizer.name, cfg.optimizer.get("label") or cfg.optimizer.name) == OPTIMIZERS[optim], arm
-        assert cfg.optimizer.lr == bundle.optimizer.lr, arm  # the bundle's (lr_scan-picked) lr, not the preset's
+        lr = OmegaConf.to_container(bundle)["optimizer"]["lr"]  # adamw's is ${baseline.lr}: the baseline's pick
+        assert cfg.optimizer.lr == (cfg.baseline.lr if lr == "${baseline.lr}" else lr), arm  # not the preset's
+        assert cfg.optimizer.get("plain_lr", cfg.baseline.lr) == cfg.baseline.lr, arm  # plain groups: the baseline
         assert (cfg.quant.master, cfg.quant.storage_rounding) == STORAGES[storage], arm
         assert cfg.format.name == "fp32" and cfg.experiment_name == "manifold_ab"
 

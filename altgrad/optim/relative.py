@@ -1,0 +1,87 @@
+"""RelativeAdamW, the relative-step control: Δw = −lr·|w|·m̂/(√v̂+ε), AdamW with a per-coordinate step ∝ |w|.
+
+ManifoldAdamW[update] scales AdamW's step by one ULP of w, S(w) = |w|·2^−M·(1 … 2) in a normal binade, so it is a
+relative step with the format's staircase on top.  This control keeps the step ∝ |w| and drops the format, so
+"ULP geometry helps" and "a step proportional to |w| helps" are separate arms.  Everything else is ManifoldAdamW's:
+decoupled decay at the same per-coordinate rate (w ← w − lr·|w|·wd·w), the same rule/plain split (the rule steps
+exactly the weights that have a grid; the others are plain AdamW at the baseline's hyper-parameters), the same
+Adam arithmetic.  ``lr`` is a fraction of |w| per step per unit of m̂/(√v̂+ε) (lr·2^−M ULPs, roughly).  A weight
+at exactly 0 never moves (as in Madam); nanoGPT initialises no matmul weight to 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from altgrad.optim.adam import adamw_step_, init_adam_state
+from altgrad.optim.base import PLAIN_BETAS, PLAIN_EPS, PLAIN_LR, QuantAwareOptimizer
+from altgrad.optim.stiffness import Grid
+from altgrad.quant.fused import compile_enabled, fused
+
+
+class RelativeAdamW(QuantAwareOptimizer):
+    """AdamW with per-coordinate learning rate lr·|w| on the weights that have a grid (every parameter when
+    ``grids`` is None); plain AdamW for the rest.  See the module docstring."""
+
+    needs_grid = False  # |w| needs no format: with grids=None every parameter takes the rule
+
+    def __init__(
+        self,
+        params: Iterable[Tensor] | Iterable[dict[str, Any]],
+        lr: float = 0.01,
+        betas: tuple[float, float] = (0.9, 0.99),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        grids: Mapping[Tensor, Grid] | None = None,
+        plain_lr: float = PLAIN_LR,
+        plain_betas: tuple[float, float] = PLAIN_BETAS,
+        plain_eps: float = PLAIN_EPS,
+        plain_weight_decay: float | None = None,
+    ) -> None:
+        if lr <= 0:
+            raise ValueError(f"RelativeAdamW: lr={lr} is not valid; valid: > 0 (a fraction of |w| per step)")
+        if not all(0.0 <= b < 1.0 for b in betas):
+            raise ValueError(f"RelativeAdamW: betas={tuple(betas)} are not valid; valid: each in [0, 1)")
+        if weight_decay < 0:
+            raise ValueError(f"RelativeAdamW: weight_decay={weight_decay} is not valid; valid: >= 0")
+        defaults = {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay}
+        super().__init__(params, defaults, grids, plain_lr, plain_betas, plain_eps, plain_weight_decay)
+
+    def _rule_step(self, group: dict[str, Any]) -> None:
+        params = self._with_grads(group)
+        if not params:
+            return
+        for p in params:
+            if not self.state[p]:
+                init_adam_state(self.state[p], p)
+        if compile_enabled() and not torch.compiler.is_compiling():
+            beta1, beta2 = group["betas"]
+            for p in params:
+                hyper = self._advance_adam(p, group)
+                state = self.state[p]
+                _relative_step(p.detach(), p.grad, state["exp_avg"], state["exp_avg_sq"], hyper, beta1, beta2)
+            return
+        beta1, beta2 = group["betas"]
+        adamw_step_(params, [p.grad for p in params], *self._adam_lists(params),
+                    stiffness=[p.detach().abs() for p in params], lr=group["lr"], beta1=beta1, beta2=beta2,
+                    eps=group["eps"], weight_decay=group["weight_decay"])
+
+
+def relative_step_(w: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, hyper: Tensor, beta1: float,
+                   beta2: float) -> None:
+    """One tensor's RelativeAdamW step in place, ``manifold_step_``'s arithmetic with S = |w| (scalars from
+    ``hyper``: lr, weight_decay, 1 − β1^t, √(1 − β2^t), ε)."""
+    lr, wd, bc1, bc2_sqrt, eps = hyper.unbind(0)
+    stiff = w.abs()
+    w.sub_(lr * wd * stiff * w)  # decoupled decay at the per-coordinate rate lr·|w|
+    exp_avg.lerp_(grad, 1 - beta1)
+    exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+    denom = (exp_avg_sq.sqrt() / bc2_sqrt + eps) / stiff  # m̂/((√v̂+ε)/|w|) = |w|·m̂/(√v̂+ε); 1/0 → 0 step
+    w.sub_(lr / bc1 * exp_avg / denom)
+
+
+_relative_step = fused(relative_step_)
