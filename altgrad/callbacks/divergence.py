@@ -19,6 +19,9 @@ Checkpoints: the weights never take a NaN/Inf step, so what the run's checkpoint
 (train()'s LastCheckpoint saves at train end) holds finite, loadable weights; a Lightning ModelCheckpoint, if one is
 configured, is also kept from saving at the divergence step, so its last.ckpt stays the last periodic one.
 The process then ends normally (exit code 0), so a sweep continues: a diverged run is a result.
+A run that never learns is a failure too: with ``learn_within_steps`` set, a run whose lowest training loss by that
+step is not at least ``min_relative_drop`` below its first loss stops the same way, with the cause "never learned"
+(a flat loss at ln(vocab) would otherwise count as a completed run with a merely poor final loss).
 """
 
 from __future__ import annotations
@@ -139,9 +142,20 @@ class DivergenceCallback(L.Callback):
     """Stops diverged runs cleanly (status "diverged" in summary.json, exit code 0, last good checkpoint kept)."""
 
     def __init__(self, factor: float = 3.0, patience: int = 20, check_every_n_steps: int = 1,
-                 skip_nonfinite_steps: bool = True) -> None:
+                 skip_nonfinite_steps: bool = True, learn_within_steps: int | None = None,
+                 min_relative_drop: float = 0.05) -> None:
         if int(check_every_n_steps) < 1:
             raise ValueError(f"check_every_n_steps={check_every_n_steps} is not valid; valid: integer >= 1")
+        if learn_within_steps is not None and int(learn_within_steps) < 1:
+            raise ValueError(f"learn_within_steps={learn_within_steps} is not valid; valid: null (off) or an "
+                             "integer >= 1")
+        if not 0.0 < min_relative_drop < 1.0:
+            raise ValueError(f"min_relative_drop={min_relative_drop} is not valid; valid: 0 < drop < 1")
+        self.learn_within_steps = None if learn_within_steps is None else int(learn_within_steps)
+        self.min_relative_drop = float(min_relative_drop)
+        self.first_loss: float | None = None
+        self.lowest_loss = math.inf
+        self._learning_checked = False
         self.detector = DivergenceDetector(factor, patience)
         self.check_every_n_steps = int(check_every_n_steps)
         self.skip_nonfinite_steps = skip_nonfinite_steps
@@ -270,11 +284,32 @@ class DivergenceCallback(L.Callback):
             value = None if loss is None else float(loss.detach().float())
         if value is not None:
             reason = self.detector.update(value) or reason
+            if reason is None and self.learn_within_steps is not None:
+                never = self.never_learned(value)
+                if never is not None:
+                    self._cause, self._located = None, True  # no layer to blame: nothing went non-finite
+                    reason = never
         if reason is None:
             self._batch = self._rng = None
             self._scaler_state = []
             return
         self._stop(trainer, pl_module, reason)
+
+    def never_learned(self, loss: float) -> str | None:
+        """Fed each checked step's finite loss; the reason once ``learn_within_steps`` have passed without the
+        lowest loss dropping ``min_relative_drop`` below the first one (checked once)."""
+        if not math.isfinite(loss):
+            return None
+        if self.first_loss is None:
+            self.first_loss = loss
+        self.lowest_loss = min(self.lowest_loss, loss)
+        if self._learning_checked or self.learn_within_steps is None or self._step + 1 < self.learn_within_steps:
+            return None
+        self._learning_checked = True
+        if self.lowest_loss > (1.0 - self.min_relative_drop) * self.first_loss:
+            return (f"never learned: lowest training loss {self.lowest_loss:.4g} after {self._step + 1} steps is "
+                    f"not {100 * self.min_relative_drop:g}% below the first ({self.first_loss:.4g})")
+        return None
 
     def _stop(self, trainer: L.Trainer, pl_module: L.LightningModule, reason: str) -> None:
         cause = self._cause if self._located else self.locate(trainer, pl_module)
@@ -296,7 +331,13 @@ class DivergenceCallback(L.Callback):
             print(message, flush=True)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"detector": self.detector.state_dict()}
+        return {"detector": self.detector.state_dict(),
+                "learning": {"first": self.first_loss, "lowest": self.lowest_loss, "checked": self._learning_checked}}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.detector.load_state_dict(state_dict["detector"])
+        learning = state_dict.get("learning")  # absent in checkpoints written before the never-learned rule
+        if learning is not None:
+            self.first_loss = learning["first"]
+            self.lowest_loss = float(learning["lowest"])
+            self._learning_checked = bool(learning["checked"])

@@ -16,7 +16,7 @@ FIELD_TITLES = {"optimizer_label": "optimizer", "layer_map": "layer map", "lr": 
 DIAGNOSTICS = ("mean_stall_ratio", "final_flip_rate", "mean_oscillation_rate", "min_grad_cosine",
                "mean_effective_bits")
 """The diagnostics every report shows first (summary.json ``diagnostics``); any others found follow."""
-MECHANISM_KEYS = ("ulp_update_q10", "ulp_update_q50", "ulp_update_q90", "sub_half_ulp_share")
+MECHANISM_KEYS = ("ulp_update_q10", "ulp_update_q50", "ulp_update_q90", "sub_half_ulp_share", "update_steps_sampled")
 """Shown in the mechanism table instead (with rel_update_d1 … d10)."""
 
 
