@@ -291,6 +291,8 @@ TARGET_MAPPINGS = ("logger", "callbacks")
 # Mappings of plain values that sections interpolate (checked where used): the AdamW baseline's hyper-parameters
 # (conf/train.yaml) and a study's tuned learning rates (conf/experiment/optim/tuned/, written by sweep.lr_pick).
 VALUE_MAPPINGS = ("baseline", "tuned_lr")
+# A study's primary endpoint, declared in its experiment file (altgrad/report/endpoint.py): checked before any run.
+ENDPOINT = "endpoint"
 SCALARS: dict[str, tuple[type, ...]] = {
     "seed": (int,),
     "ckpt_path": (str, type(None)),
@@ -343,10 +345,17 @@ def validate(cfg: DictConfig, *, paths: bool = True) -> dict[str, Any]:
     paths=False skips `paths`, whose `${hydra:...}` interpolation only resolves inside a Hydra job.
     Raises ConfigError (one line) on the first problem.
     """
-    known = set(SECTIONS) | set(TARGET_MAPPINGS) | set(VALUE_MAPPINGS) | set(SCALARS) | {"hydra"}
+    known = set(SECTIONS) | set(TARGET_MAPPINGS) | set(VALUE_MAPPINGS) | set(SCALARS) | {ENDPOINT, "hydra"}
     for key in cfg:
         if key not in known:
             raise ConfigError(f"{key} is not a known top-level key; valid: {', '.join(sorted(known - {'hydra'}))}")
+    if cfg.get(ENDPOINT) is not None:
+        from altgrad.report.endpoint import parse_endpoint
+
+        try:
+            parse_endpoint(_resolved(cfg, ENDPOINT))
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
     for key, types in SCALARS.items():
         value = _resolved(cfg, key) if key in cfg else None
         if key == "seed" and isinstance(value, bool):
