@@ -1,35 +1,66 @@
-"""One learning rate per optimizer from an lr_scan sweep, for the experiments that compare optimizers.
+"""Learning rates from lr-scan sweeps: one per optimizer (pooled over formats), or one per (format, arm) into a table.
 
-For each optimizer label, every scanned lr at which all of the optimizer's runs completed (none diverged, failed
-or is missing) is a candidate; its score is the mean over formats of the mean final validation loss over seeds
-(formats weigh equally, however many seeds each has). The pick is the candidate with the lowest score, among
-those scanned in every format the optimizer was scanned in. ``--write`` puts each pick into the ``optimizer.lr``
-line of the bundle in conf/experiment/optim/ whose runs carry that label.
+A scanned lr is a candidate when every run of it in the cell completed (none diverged, failed or is missing); its
+score is the mean final validation loss over seeds (pooled: the mean over formats of that, formats weighing
+equally, among lrs scanned in every format). The pick is the candidate with the lowest score. A pick is refused
+(nothing is written, exit 2) when
 
-    python -m altgrad.sweep.lr_pick multirun/DATE/TIME_lr_scan [--write] [--optim-dir conf/experiment/optim]
+- it sits at an edge of the scanned grid (the lowest lr, or the highest with no diverged lr above it), so the
+  optimum may lie outside; ``--extend FILE`` then writes the commands of an extension scan (two more lrs beyond
+  the edge at the grid's own ratio, same tuning seeds, into the same sweep folder, resumable), or
+- a tuning run's seed is also an evaluation seed (``--eval-seeds``), or
+- (``--table``) an arm's tuning runs stepped their grid-less parameters at another lr than AdamW's pick in that
+  format (the plain groups must step as the baseline does: tune adamw first, then the other arms with
+  ``baseline.lr=${tuned_lr.${format.name}.plain}``), or AdamW has no pick in that format yet.
+
+Outputs: ``--write`` puts the pooled picks into the bundles of conf/experiment/optim (AdamW's into
+baseline/adamw.yaml, which every bundle's plain groups use); ``--table FILE`` merges per-format picks into a
+tuned-lr table (conf/experiment/optim/tuned/NAME.yaml) that evaluation sweeps read by interpolation:
+
+    tuned_lr:
+      e4m3:
+        plain: 0.003    # AdamW's pick: every arm's grid-less parameters (baseline.lr)
+        adamw: 0.003
+        manifold: 1.0   # fp32-master arms by optimizer.name; on-grid arms as NAME-ongrid_ROUNDING
+    # an experiment: baseline: {lr: ${tuned_lr.${format.name}.plain}}
+    #                optimizer: {lr: ${tuned_lr.${format.name}.${optimizer.name}}}
+
+    python -m altgrad.sweep.lr_pick SWEEP_DIR... [--write] [--table FILE] [--eval-seeds 1,2,3] [--extend FILE]
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import re
+import shlex
 import sys
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from altgrad.report.load import Job, load_sweeps
+import yaml
+
+from altgrad.report.load import Job, as_float, load_sweeps
 
 OPTIM_DIR = Path(__file__).resolve().parents[2] / "conf" / "experiment" / "optim"
 """The optimizer bundles experiments use: conf/experiment/optim/NAME.yaml (optimizer preset + its lr)."""
+BASELINE_FILE = Path("baseline") / "adamw.yaml"
+"""Below the bundle folder: the AdamW baseline's lr (baseline.lr), which the adamw bundle's lr interpolates."""
+PLAIN_KEY = "plain"
+"""Table key of the lr of every arm's grid-less parameters in a format: AdamW's pick there."""
 _LR_LINE = re.compile(r"^(?P<indent>[ \t]+)lr:[^\n]*$", re.MULTILINE)
+_TABLE_ENTRY = re.compile(r"^    (?P<key>[^:#\s]+): (?P<value>[^#\n]+?)(?:  # (?P<note>[^\n]*))?$")
+_TABLE_FORMAT = re.compile(r"^  (?P<format>[^:#\s]+):\s*$")
 
 
 @dataclass(frozen=True)
 class LrPick:
-    """The chosen lr of one optimizer (None: no candidate), its score, the candidates, and the lrs at which some run
-    did not complete (diverged, failed, or missing)."""
+    """The chosen lr of one cell (None: no candidate), its score, the candidates, the lrs at which some run did
+    not complete (diverged, failed, or missing), and why the pick cannot be used (``refusal``; None: usable).
+
+    A cell is one optimizer label pooled over formats (``format`` None) or one (format, arm) pair."""
 
     optimizer_label: str
     lr: float | None
@@ -37,42 +68,275 @@ class LrPick:
     formats: tuple[str, ...]
     candidates: tuple[float, ...]
     unstable: tuple[float, ...]
+    scanned: tuple[float, ...] = ()
+    format: str | None = None
+    arm: str = ""
+    seeds: tuple[int, ...] = ()
+    edge: str | None = None
+    refusal: str | None = None
+    plain_lr: float | None = None
+    jobs: tuple[Job, ...] = field(default=(), repr=False, compare=False)
+
+    @property
+    def cell(self) -> str:
+        return self.optimizer_label if self.format is None else f"{self.arm} in {self.format}"
 
     def describe(self) -> str:
         if self.lr is None:
-            return (f"{self.optimizer_label}: no lr completed in every format {list(self.formats)} "
+            where = f"every format {list(self.formats)}" if self.format is None else self.format
+            return (f"{self.cell}: no lr completed in {where} "
                     f"(unstable: {[f'{x:g}' for x in self.unstable]})")
-        return (f"{self.optimizer_label}: lr={self.lr:g} (mean final val loss {self.score:.4f} over "
-                f"{len(self.formats)} formats; {len(self.candidates)} stable lrs, unstable: "
-                f"{[f'{x:g}' for x in self.unstable]})")
+        over = f"over {len(self.formats)} formats" if self.format is None else f"over seeds {list(self.seeds)}"
+        return (f"{self.cell}: lr={self.lr:g} (mean final val loss {self.score:.4f} {over}; "
+                f"{len(self.candidates)} stable lrs of {len(self.scanned)} scanned "
+                f"[{', '.join(f'{x:g}' for x in self.scanned)}], unstable: {[f'{x:g}' for x in self.unstable]})")
 
 
-def pick_learning_rates(jobs: Iterable[Job]) -> dict[str, LrPick]:
-    """The pick for every optimizer label among the jobs (see the module docstring for the rule)."""
+def arm_key(job: Job) -> str:
+    """The table key of a job's arm: optimizer.name for fp32 master weights, NAME-ongrid_ROUNDING on the grid."""
+    if job.master == "none":
+        rounding = job.summary.get("storage_rounding") or "nearest"
+        return f"{job.optimizer}-ongrid_{rounding}"
+    return job.optimizer
+
+
+def plain_lr_of(job: Job) -> float | None:
+    """The lr a run stepped its grid-less parameters at (None: the optimizer has no plain groups, e.g. AdamW)."""
+    groups = job.summary.get("optimizer_groups")
+    if isinstance(groups, dict) and "plain_lr" in groups:
+        return as_float(groups["plain_lr"])
+    return as_float((job.config.get("optimizer") or {}).get("plain_lr"))
+
+
+def edge_of(best: float, scanned: Sequence[float]) -> str | None:
+    """``low``/``high`` when the best lr is the lowest or the highest lr scanned in its cell; None when a scanned
+    lr lies on either side (a diverged lr above it brackets it too: the stability limit)."""
+    scanned = sorted(scanned)
+    if best == scanned[0]:
+        return "low"
+    if best == scanned[-1]:
+        return "high"
+    return None
+
+
+def _score_cell(by_lr: dict[float, list[Job]], pooled: bool) -> tuple[dict[float, float], list[float], tuple]:
+    formats = tuple(sorted({j.format for js in by_lr.values() for j in js}))
+    scores: dict[float, float] = {}
+    unstable = []
+    for lr, js in sorted(by_lr.items()):
+        if any(j.state != "completed" or j.final_loss is None for j in js):
+            unstable.append(lr)
+            continue
+        per_format: dict[str, list[float]] = defaultdict(list)
+        for j in js:
+            per_format[j.format].append(float(j.final_loss))
+        if not pooled or set(per_format) == set(formats):
+            scores[lr] = sum(sum(v) / len(v) for v in per_format.values()) / len(per_format)
+    return scores, unstable, formats
+
+
+def _pick(label: str, by_lr: dict[float, list[Job]], pooled: bool, fmt: str | None, arm: str,
+          eval_seeds: frozenset[int], min_lrs: int) -> LrPick:
+    scores, unstable, formats = _score_cell(by_lr, pooled)
+    jobs = tuple(j for js in by_lr.values() for j in js)
+    seeds = tuple(sorted({j.seed for j in jobs if j.seed is not None}))
+    best = min(scores, key=lambda lr: (scores[lr], lr)) if scores else None
+    edge = refusal = None
+    plain = sorted({x for x in (plain_lr_of(j) for j in jobs) if x is not None})
+    scanned = tuple(sorted(by_lr))
+    if best is not None:
+        edge = edge_of(best, scanned)
+        if edge is not None:
+            refusal = (f"the best lr {best:g} is at the {edge} edge of the scanned grid "
+                       f"[{', '.join(f'{x:g}' for x in scanned)}]; scan beyond it (--extend FILE writes the jobs)")
+        elif len(scanned) < min_lrs:
+            refusal = f"only {len(scanned)} lrs scanned; at least {min_lrs} are needed (--min-lrs)"
+    overlap = sorted(set(seeds) & eval_seeds)
+    if overlap:
+        refusal = (f"tuning runs use seed(s) {overlap}, which are evaluation seeds {sorted(eval_seeds)}; tune on "
+                   "seeds disjoint from the evaluation seeds")
+    if len(plain) > 1:
+        refusal = f"its runs stepped the grid-less parameters at different lrs {plain}; one plain lr per cell"
+    return LrPick(label, best, scores.get(best) if best is not None else None, formats, tuple(sorted(scores)),
+                  tuple(unstable), scanned, fmt, arm, seeds, edge, refusal, plain[0] if len(plain) == 1 else None,
+                  jobs)
+
+
+def pick_learning_rates(jobs: Iterable[Job], *, eval_seeds: Iterable[int] = (), min_lrs: int = 1
+                        ) -> dict[str, LrPick]:
+    """The pooled pick for every optimizer label among the jobs (see the module docstring for the rule)."""
     runs: dict[str, dict[float, list[Job]]] = defaultdict(lambda: defaultdict(list))
     for job in jobs:
         if job.lr is not None:
             runs[job.optimizer_label][job.lr].append(job)
-    picks = {}
-    for label, by_lr in sorted(runs.items()):
-        formats = tuple(sorted({j.format for js in by_lr.values() for j in js}))
-        scores: dict[float, float] = {}
-        unstable = []
-        for lr, js in sorted(by_lr.items()):
-            if any(j.state != "completed" or j.final_loss is None for j in js):
-                unstable.append(lr)
-                continue
-            per_format: dict[str, list[float]] = defaultdict(list)
-            for j in js:
-                per_format[j.format].append(float(j.final_loss))
-            if set(per_format) == set(formats):
-                scores[lr] = sum(sum(v) / len(v) for v in per_format.values()) / len(per_format)
-        best = min(scores, key=lambda lr: (scores[lr], lr)) if scores else None
-        picks[label] = LrPick(label, best, scores.get(best) if best is not None else None, formats,
-                              tuple(sorted(scores)), tuple(unstable))
-    return picks
+    seeds = frozenset(int(s) for s in eval_seeds)
+    return {label: _pick(label, by_lr, True, None, "", seeds, min_lrs) for label, by_lr in sorted(runs.items())}
 
 
+def pick_per_format(jobs: Iterable[Job], *, eval_seeds: Iterable[int] = (), min_lrs: int = 1
+                    ) -> dict[tuple[str, str], LrPick]:
+    """The pick of every (format, arm) cell among the jobs, keyed by (format, arm key)."""
+    runs: dict[tuple[str, str], dict[float, list[Job]]] = defaultdict(lambda: defaultdict(list))
+    labels: dict[tuple[str, str], str] = {}
+    for job in jobs:
+        if job.lr is not None:
+            key = (job.format, arm_key(job))
+            runs[key][job.lr].append(job)
+            labels[key] = job.optimizer_label
+    seeds = frozenset(int(s) for s in eval_seeds)
+    return {key: _pick(labels[key], by_lr, False, key[0], key[1], seeds, min_lrs)
+            for key, by_lr in sorted(runs.items())}
+
+
+# -- the tuned-lr table ---------------------------------------------------------------------------------------------
+TableEntry = tuple[float, str]  # lr, provenance note
+
+
+def read_table(path: Path) -> dict[str, dict[str, TableEntry]]:
+    """format → key → (lr, note) of a table written by ``write_table`` (empty when the file does not exist)."""
+    if not path.exists():
+        return {}
+    text = path.read_text()
+    data = yaml.safe_load(text) or {}
+    if not isinstance(data, dict) or not isinstance(data.get("tuned_lr", {}), dict):
+        raise ValueError(f"{path} is not a tuned-lr table: it must hold a `tuned_lr:` mapping of format → arm → lr")
+    notes: dict[tuple[str, str], str] = {}
+    fmt = None
+    for line in text.splitlines():
+        if m := _TABLE_FORMAT.match(line):
+            fmt = m["format"]
+        elif (m := _TABLE_ENTRY.match(line)) and fmt is not None:
+            notes[(fmt, m["key"])] = m["note"] or ""
+    table: dict[str, dict[str, TableEntry]] = {}
+    for fmt, arms in (data.get("tuned_lr") or {}).items():
+        if not isinstance(arms, dict):
+            raise ValueError(f"{path}: tuned_lr.{fmt} must map arm → lr, got {arms!r}")
+        for key, lr in arms.items():
+            value = as_float(lr)
+            if value is None or value <= 0:
+                raise ValueError(f"{path}: tuned_lr.{fmt}.{key}={lr!r} is not a positive learning rate")
+            table.setdefault(str(fmt), {})[str(key)] = (value, notes.get((str(fmt), str(key)), ""))
+    return table
+
+
+def render_table(table: dict[str, dict[str, TableEntry]]) -> str:
+    """The table file's text: a usage header, then format → arm → lr with each pick's provenance as a comment."""
+    lines = [
+        "# @package _global_",
+        "# Tuned learning rates per format and arm, written by `python -m altgrad.sweep.lr_pick SWEEP... --table "
+        "FILE`",
+        "# (rerun it to change them). `plain` is AdamW's pick in that format: the lr of every arm's grid-less "
+        "parameters.",
+        "# fp32-master arms are keyed by optimizer.name, on-grid arms by NAME-ongrid_ROUNDING. An experiment uses "
+        "it with",
+        "#   defaults: [/experiment/optim/tuned/THIS_FILE_NAME]",
+        "#   baseline: {lr: ${tuned_lr.${format.name}.plain}}",
+        "#   optimizer: {lr: ${tuned_lr.${format.name}.${optimizer.name}}}",
+        "tuned_lr:",
+    ]
+    for fmt in sorted(table):
+        lines.append(f"  {fmt}:")
+        arms = table[fmt]
+        order = [k for k in (PLAIN_KEY, "adamw") if k in arms] + sorted(k for k in arms if k not in (PLAIN_KEY,
+                                                                                                        "adamw"))
+        for key in order:
+            lr, note = arms[key]
+            lines.append(f"    {key}: {_float_text(lr)}" + (f"  # {note}" if note else ""))
+    return "\n".join(lines) + "\n"
+
+
+def _float_text(lr: float) -> str:
+    value = f"{lr:.6g}"
+    return value + (".0" if value.lstrip("-").isdigit() else "")  # 3 → 3.0: a float, like every other lr
+
+
+def table_updates(picks: dict[tuple[str, str], LrPick], table: dict[str, dict[str, TableEntry]],
+                  sweeps: Sequence[str]) -> tuple[dict[str, dict[str, TableEntry]], list[str]]:
+    """The table with the usable picks merged in, and the refusals of the plain-lr rule (one line each).
+
+    AdamW's pick also becomes the format's ``plain`` lr; every other arm must have been tuned at that plain lr.
+    """
+    new = {fmt: dict(arms) for fmt, arms in table.items()}
+    for (fmt, arm), pick in picks.items():
+        if arm == "adamw" and pick.lr is not None and pick.refusal is None:
+            note = _note(pick, sweeps)
+            new.setdefault(fmt, {})["adamw"] = (pick.lr, note)
+            new[fmt][PLAIN_KEY] = (pick.lr, "= adamw: the lr of every arm's grid-less parameters")
+    problems = []
+    for (fmt, arm), pick in picks.items():
+        if arm == "adamw" or pick.lr is None or pick.refusal is not None:
+            continue
+        plain = new.get(fmt, {}).get(PLAIN_KEY)
+        if plain is None:
+            problems.append(f"{pick.cell}: AdamW has no pick in {fmt} yet; tune adamw first, then this arm with "
+                            "baseline.lr=${tuned_lr.${format.name}.plain}")
+        elif pick.plain_lr is not None and not math.isclose(pick.plain_lr, plain[0], rel_tol=1e-9):
+            problems.append(f"{pick.cell}: its runs stepped the grid-less parameters at lr {pick.plain_lr:g}, but "
+                            f"AdamW's pick in {fmt} is {plain[0]:g}; rerun its scan with "
+                            "baseline.lr=${tuned_lr.${format.name}.plain}")
+        else:
+            new[fmt][arm] = (pick.lr, _note(pick, sweeps))
+    return new, problems
+
+
+def _note(pick: LrPick, sweeps: Sequence[str]) -> str:
+    return (f"{len(pick.candidates)}/{len(pick.scanned)} lrs {pick.scanned[0]:g}…{pick.scanned[-1]:g} stable, seeds "
+            f"{list(pick.seeds)}: final val loss {pick.score:.4f} ({', '.join(sweeps)})")
+
+
+# -- extension scans ------------------------------------------------------------------------------------------------
+def extension_lrs(pick: LrPick, n: int = 2) -> list[float]:
+    """``n`` lrs beyond the pick's edge at the grid's mean ratio (√10 when one lr was scanned); a half-decade grid
+    goes on along its 1-3-10 ladder."""
+    scanned = pick.scanned
+    ratio = (scanned[-1] / scanned[0]) ** (1 / (len(scanned) - 1)) if len(scanned) > 1 else math.sqrt(10)
+    half_decades = abs(math.log10(ratio) - 0.5) < 0.05
+    x, out = (scanned[0], []) if pick.edge == "low" else (scanned[-1], [])
+    for _ in range(n):
+        x = x / ratio if pick.edge == "low" else x * ratio
+        if half_decades:  # snap to 1·10^k or 3·10^k
+            k = math.floor(math.log10(x))
+            mantissa = min((1.0, 3.0, 10.0), key=lambda m: abs(math.log10(x / 10**k) - math.log10(m)))
+            x = mantissa * 10**k
+        out.append(float(f"{x:.4g}"))
+    return out
+
+
+_NOT_REPEATED = ("optimizer.lr", "seed", "resume_sweep", "+resume_sweep", "hydra.")
+
+
+def extension_command(pick: LrPick) -> str:
+    """One `python -m altgrad.train` command that runs the extension lrs on the cell's tuning seeds, into the
+    same sweep folder (a job dir's parent; job dirs named as Hydra names the scan's own), skipping what already
+    finished (+resume_sweep=true)."""
+    job = next((j for j in pick.jobs if j.overrides), None)
+    if job is None:
+        raise ValueError(f"{pick.cell}: no job has .hydra/overrides.yaml to repeat; run its extension by hand with "
+                         f"optimizer.lr={','.join(f'{x:g}' for x in extension_lrs(pick))}")
+    if job.path.name.isdigit():
+        raise ValueError(f"{pick.cell}: its sweep numbers its job dirs ({job.path}), so extension jobs would take "
+                         "the numbers of finished ones; scan as a named experiment (job dirs named by their "
+                         "overrides, e.g. experiment=lr_scan), or run the extension into a new folder by hand")
+    kept = [o for o in job.overrides if not o.split("=", 1)[0].startswith(_NOT_REPEATED)]
+    lrs = ",".join(f"{x:g}" for x in extension_lrs(pick))
+    seeds = ",".join(str(s) for s in pick.seeds)
+    args = [*kept, f"optimizer.lr={lrs}", f"seed={seeds}", f"hydra.sweep.dir={job.path.parent}",
+            "+resume_sweep=true"]
+    named_experiment = any(o.startswith("experiment=") for o in kept)  # experiments are multiruns by themselves
+    return "python -m altgrad.train " + ("" if named_experiment else "-m ") + " ".join(shlex.quote(a) for a in args)
+
+
+def write_extension(path: Path, picks: Iterable[LrPick]) -> int:
+    """Write a bash script of extension commands for the picks at an edge; return how many it holds."""
+    commands = [f"# {p.cell}: best lr {p.lr:g} at the {p.edge} edge\n{extension_command(p)}"
+                for p in picks if p.edge is not None and p.lr is not None]
+    if commands:
+        path.write_text("#!/usr/bin/env bash\n# Extension scans written by altgrad.sweep.lr_pick: rerunnable (finished "
+                        "jobs are skipped); then run lr_pick again.\nset -e\n" + "\n".join(commands) + "\n")
+    return len(commands)
+
+
+# -- the bundles of the named experiments ---------------------------------------------------------------------------
 def bundle_labels(optim_dir: Path = OPTIM_DIR) -> dict[str, Path]:
     """optimizer label (as summary.json records it) → bundle file, for every <optim_dir>/*.yaml.
 
@@ -95,40 +359,97 @@ def bundle_labels(optim_dir: Path = OPTIM_DIR) -> dict[str, Path]:
     return out
 
 
+def lr_file(bundle: Path) -> Path:
+    """Where a bundle's lr is written: the bundle, or the baseline file when its lr is ``${baseline.lr}``."""
+    m = _LR_LINE.search(bundle.read_text())
+    if m and "${baseline.lr}" in m.group(0):
+        return bundle.parent / BASELINE_FILE
+    return bundle
+
+
 def write_lr(path: Path, lr: float, note: str) -> None:
-    """Replace the bundle's `  lr: ...` line (under optimizer:) with the picked lr and where it came from."""
+    """Replace the file's `  lr: ...` line (under optimizer: or baseline:) with the picked lr and its source."""
     text = path.read_text()
     if len(_LR_LINE.findall(text)) != 1:
         raise ValueError(f"{path} must hold exactly one indented `lr:` line (under optimizer:) to be rewritten")
-    value = f"{lr:.6g}"
-    value += ".0" if value.isdigit() else ""  # 3 → 3.0: a float, like every other lr in the tree
-    path.write_text(_LR_LINE.sub(lambda m: f"{m['indent']}lr: {value}  # {note}", text))
+    path.write_text(_LR_LINE.sub(lambda m: f"{m['indent']}lr: {_float_text(lr)}  # {note}", text))
+
+
+# -- command line ---------------------------------------------------------------------------------------------------
+def _seed_list(text: str) -> list[int]:
+    try:
+        return [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integer seeds") from None
 
 
 def main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m altgrad.sweep.lr_pick", description=__doc__.split("\n\n")[0])
-    parser.add_argument("sweep_dirs", nargs="+", metavar="SWEEP_DIR", help="lr_scan multirun folder(s)")
-    parser.add_argument("--write", action="store_true", help="put the picks into the optimizer bundles")
+    parser.add_argument("sweep_dirs", nargs="+", metavar="SWEEP_DIR", help="lr-scan multirun folder(s)")
+    parser.add_argument("--write", action="store_true", help="put the pooled picks into the optimizer bundles")
     parser.add_argument("--optim-dir", type=Path, default=OPTIM_DIR, help="folder of the optimizer bundles")
+    parser.add_argument("--table", type=Path, help="pick per (format, arm) and merge the picks into this table")
+    parser.add_argument("--eval-seeds", type=_seed_list, default=[], help="refuse tuning runs on these seeds")
+    parser.add_argument("--min-lrs", type=int, default=1, help="refuse cells with fewer scanned lrs")
+    parser.add_argument("--extend", type=Path, help="write the extension scans of edge picks to this script")
     args = parser.parse_args(list(argv))
+    if args.write and args.table:
+        print("error: --write (pooled picks into the bundles) and --table (per-format picks) exclude each other; "
+              "give one", file=sys.stderr)
+        return 2
     try:
-        picks = pick_learning_rates(load_sweeps(args.sweep_dirs).jobs)
+        sweep = load_sweeps(args.sweep_dirs)
+        kw = {"eval_seeds": args.eval_seeds, "min_lrs": args.min_lrs}
+        picks = pick_per_format(sweep.jobs, **kw) if args.table else pick_learning_rates(sweep.jobs, **kw)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     if not picks:
         print("error: no job with a learning rate in the given sweep folders", file=sys.stderr)
         return 2
-    bundles = bundle_labels(args.optim_dir)
     for pick in picks.values():
         print(pick.describe())
-        if args.write and pick.lr is not None:
+    refused = [p for p in picks.values() if p.refusal is not None]
+    for pick in refused:
+        print(f"error: {pick.cell}: {pick.refusal}", file=sys.stderr)
+    if args.extend:
+        try:
+            n = write_extension(args.extend, refused)
+        except ValueError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+        print(f"{n} extension scan(s) written to {args.extend}" if n else "no pick at an edge: nothing to extend")
+    if refused:
+        print("nothing written: resolve the refusals above first", file=sys.stderr)
+        return 2
+    note_sweeps = [str(d) for d in args.sweep_dirs]
+    if args.table:
+        try:
+            table, problems = table_updates(picks, read_table(args.table), note_sweeps)
+        except ValueError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+        if problems:
+            for line in problems:
+                print(f"error: {line}", file=sys.stderr)
+            print("nothing written: resolve the refusals above first", file=sys.stderr)
+            return 2
+        args.table.parent.mkdir(parents=True, exist_ok=True)
+        args.table.write_text(render_table(table))
+        print(f"written to {args.table}")
+        return 0
+    if args.write:
+        bundles = bundle_labels(args.optim_dir)
+        for pick in picks.values():
+            if pick.lr is None:
+                continue
             if pick.optimizer_label not in bundles:
                 print(f"  no bundle in {args.optim_dir} has optimizer.label {pick.optimizer_label!r}; not written")
                 continue
-            note = f"lr_scan pick ({', '.join(args.sweep_dirs)}): mean final val loss {pick.score:.4f}"
-            write_lr(bundles[pick.optimizer_label], pick.lr, note)
-            print(f"  written to {bundles[pick.optimizer_label]}")
+            target = lr_file(bundles[pick.optimizer_label])
+            note = f"lr_scan pick ({', '.join(note_sweeps)}): mean final val loss {pick.score:.4f}"
+            write_lr(target, pick.lr, note)
+            print(f"  {pick.optimizer_label}: written to {target}")
     return 0
 
 

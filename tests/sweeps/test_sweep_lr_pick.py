@@ -1,28 +1,54 @@
-"""lr_pick: one learning rate per optimizer from a synthetic lr_scan sweep, written into a copy of the bundles."""
+"""lr_pick: pooled picks into the bundles, per-(format, arm) picks into a tuned-lr table, and the refusals (edge of
+the grid, evaluation seeds, plain lr not the baseline's), on synthetic sweeps and on a tiny real one."""
 
 from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import yaml
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
+from altgrad.config import validate
 from altgrad.report.load import load_sweeps
-from altgrad.sweep.lr_pick import bundle_labels, main, pick_learning_rates, write_lr
-from sweep_helpers import CONF_DIR
+from altgrad.sweep.lr_pick import (
+    bundle_labels,
+    extension_lrs,
+    main,
+    pick_learning_rates,
+    pick_per_format,
+    read_table,
+    write_lr,
+)
+from sweep_helpers import CONF_DIR, REPO, job_dirs, run_train, summary
+
+Run = tuple  # (optimizer_label, format, lr, seed, status, final_val_loss[, master, storage_rounding, plain_lr])
 
 
-def fake_scan(root: Path, runs: list[tuple[str, str, float, int, str, float | None]]) -> Path:
-    """Job dirs with summary.json: (optimizer_label, format, lr, seed, status, final_val_loss)."""
-    for i, (label, fmt, lr, seed, status, loss) in enumerate(runs):
-        job = root / f"{i}"
+def fake_scan(root: Path, runs: list[Run], overrides: bool = False, numbered: bool = True) -> Path:
+    """Job dirs with summary.json (and, if asked, the .hydra/overrides.yaml a multirun job has), numbered as a
+    plain multirun numbers them or named by their overrides as the named experiments name them."""
+    for i, (label, fmt, lr, seed, status, loss, *rest) in enumerate(runs):
+        master, rounding, plain = (rest + [None, None, None])[:3] if rest else ("fp32", "nearest", None)
+        name = label.split("[")[0]
+        job = root / (f"{i}" if numbered else f"arm={name}-fp32_master,format={fmt},optimizer.lr={lr},seed={seed}")
         job.mkdir(parents=True)
         job.joinpath("summary.json").write_text(json.dumps({
-            "status": status, "optimizer": label.split("[")[0], "optimizer_label": label, "format": fmt, "lr": lr,
-            "seed": seed, "final_val_loss": loss, "best_val_loss": loss, "experiment": "lr_scan", "master": "fp32",
-            "storage_rounding": "nearest"}))
+            "status": status, "optimizer": name, "optimizer_label": label, "format": fmt, "lr": lr,
+            "seed": seed, "final_val_loss": loss, "best_val_loss": loss, "experiment": "lr_scan",
+            "master": master or "fp32", "storage_rounding": rounding or "nearest",
+            "optimizer_groups": {"plain_lr": plain}}))
+        if overrides:
+            job.joinpath(".hydra").mkdir()
+            job.joinpath(".hydra", "overrides.yaml").write_text(yaml.safe_dump(
+                ["experiment=lr_scan", f"+experiment/arm={name}-fp32_master", f"format={fmt}",
+                 f"optimizer.lr={lr}", f"seed={seed}"]))
     return root
 
 
@@ -38,22 +64,34 @@ RUNS = [
     # madam: every lr broke somewhere
     ("madam", "e4m3", 0.01, 1, "failed", None), ("madam", "e5m2", 0.01, 1, "completed", 2.0),
 ]
+BRACKETED = RUNS + [("adamw", "e4m3", 3e-4, 1, "completed", 2.5), ("adamw", "e5m2", 3e-4, 1, "completed", 2.5)]
 
 
 def test_the_pick_is_the_stable_lr_with_the_lowest_format_mean(tmp_path: Path) -> None:
     picks = pick_learning_rates(load_sweeps([fake_scan(tmp_path, RUNS)]).jobs)
     assert picks["adamw"].lr == 1e-3 and picks["adamw"].score == pytest.approx(2.1)
     assert picks["adamw"].unstable == (1e-2,) and picks["adamw"].candidates == (1e-3, 3e-3)
+    assert picks["adamw"].edge == "low" and "low edge" in picks["adamw"].refusal  # nothing scanned below 1e-3
     assert picks["manifold[update]"].lr == 0.3 and picks["manifold[update]"].score == pytest.approx((2.1 + 2.1) / 2)
-    assert picks["manifold[update]"].candidates == (0.1, 0.3)
+    assert picks["manifold[update]"].candidates == (0.1, 0.3) and picks["manifold[update]"].edge is None
     assert picks["madam"].lr is None and "no lr completed" in picks["madam"].describe()
+
+
+def test_an_lr_below_a_diverged_one_is_bracketed_and_the_top_stable_lr_is_an_edge(tmp_path: Path) -> None:
+    runs = [("adamw", "e4m3", lr, 7, "completed", loss) for lr, loss in ((1e-3, 2.0), (3e-3, 1.8), (1e-2, 1.7))]
+    picks = pick_per_format(load_sweeps([fake_scan(tmp_path / "a", runs)]).jobs)
+    assert picks[("e4m3", "adamw")].edge == "high"
+    runs.append(("adamw", "e4m3", 3e-2, 7, "diverged", None))  # the stability limit brackets 1e-2 from above
+    picks = pick_per_format(load_sweeps([fake_scan(tmp_path / "b", runs)]).jobs)
+    assert picks[("e4m3", "adamw")].edge is None and picks[("e4m3", "adamw")].refusal is None
+    assert extension_lrs(pick_per_format(load_sweeps([tmp_path / "a"]).jobs)[("e4m3", "adamw")]) == [3e-2, 0.1]
 
 
 def test_bundles_are_found_by_the_label_their_runs_report() -> None:
     labels = bundle_labels()
     assert {k: v.stem for k, v in labels.items()} == {
         "adamw": "adamw", "manifold[update]": "manifold_update", "manifold[grad]": "manifold_grad",
-        "madam": "madam", "grid[adam]": "grid"}
+        "madam": "madam", "grid[adam]": "grid", "relative": "relative"}
 
 
 def test_write_replaces_only_the_lr_line(tmp_path: Path) -> None:
@@ -69,14 +107,136 @@ def test_write_replaces_only_the_lr_line(tmp_path: Path) -> None:
     assert OmegaConf.load(bundle).optimizer.lr == 1e-5
 
 
-def test_cli_writes_the_picks_into_the_bundles(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_cli_writes_the_picks_into_the_bundles_and_adamw_into_the_baseline(tmp_path: Path,
+                                                                           capsys: pytest.CaptureFixture) -> None:
     optim_dir = tmp_path / "conf" / "experiment" / "optim"
     shutil.copytree(CONF_DIR, tmp_path / "conf")
-    sweep = fake_scan(tmp_path / "sweep", RUNS)
     madam_before = OmegaConf.load(optim_dir / "madam.yaml").optimizer.lr
+    adamw_bundle = (optim_dir / "adamw.yaml").read_text()
+    edge = fake_scan(tmp_path / "edge", RUNS)
+    assert main([str(edge), "--write", "--optim-dir", str(optim_dir)]) == 2  # adamw's pick is at the low edge
+    assert "error: adamw: the best lr 0.001 is at the low edge" in capsys.readouterr().err
+    assert OmegaConf.load(optim_dir / "manifold_update.yaml").optimizer.lr == 1.0  # nothing written at all
+    sweep = fake_scan(tmp_path / "sweep", BRACKETED)
     assert main([str(sweep), "--write", "--optim-dir", str(optim_dir)]) == 0
     out = capsys.readouterr().out
     assert "adamw: lr=0.001" in out and "madam: no lr completed" in out
+    assert OmegaConf.load(optim_dir / "baseline" / "adamw.yaml").baseline.lr == 1e-3
+    assert (optim_dir / "adamw.yaml").read_text() == adamw_bundle  # its lr is ${baseline.lr}: left as it is
     assert OmegaConf.load(optim_dir / "manifold_update.yaml").optimizer.lr == 0.3
     assert OmegaConf.load(optim_dir / "madam.yaml").optimizer.lr == madam_before  # nothing stable: left as it was
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(tmp_path / "conf"), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=["+experiment/optim=manifold_update"])
+    GlobalHydra.instance().clear()
+    assert (cfg.optimizer.lr, cfg.optimizer.plain_lr) == (0.3, 1e-3)  # plain groups: AdamW's new pick
     assert main([str(tmp_path / "nowhere")]) == 2
+
+
+# -- per-format tables ----------------------------------------------------------------------------------------------
+def scan(arm: str, fmt: str, losses: dict[float, float | None], seeds=(101,), plain=None, master="fp32",
+         rounding="nearest") -> list[Run]:
+    return [(arm, fmt, lr, s, "completed" if loss is not None else "diverged", loss, master, rounding, plain)
+            for lr, loss in losses.items() for s in seeds]
+
+
+ADAMW_SCAN = (scan("adamw", "e4m3", {1e-3: 2.4, 3e-3: 2.2, 1e-2: 2.3, 3e-2: None})
+              + scan("adamw", "e5m2", {1e-3: 2.5, 3e-3: 2.45, 1e-2: 2.3, 3e-2: 2.6}))
+
+
+def test_the_table_holds_per_format_picks_and_adamws_pick_is_the_plain_lr(tmp_path: Path) -> None:
+    table = tmp_path / "conf" / "experiment" / "optim" / "tuned" / "study.yaml"
+    shutil.copytree(CONF_DIR, tmp_path / "conf")
+    assert main([str(fake_scan(tmp_path / "s1", ADAMW_SCAN)), "--table", str(table), "--eval-seeds", "1,2,3",
+                 "--min-lrs", "4"]) == 0
+    lrs = {fmt: {arm: lr for arm, (lr, _) in arms.items()} for fmt, arms in read_table(table).items()}
+    assert lrs == {"e4m3": {"adamw": 3e-3, "plain": 3e-3}, "e5m2": {"adamw": 1e-2, "plain": 1e-2}}
+    stage2 = (scan("manifold[update]", "e4m3", {0.3: 2.3, 1.0: 2.1, 3.0: 2.2, 10.0: None}, plain=3e-3)
+              + scan("relative", "e4m3", {0.01: 2.3, 0.03: 2.2, 0.1: 2.25, 0.3: 2.5}, plain=3e-3)
+              + scan("adamw", "e4m3", {1e-3: 2.5, 3e-3: 2.3, 1e-2: 2.6, 3e-2: 2.9}, master="none",
+                     rounding="stochastic"))
+    assert main([str(fake_scan(tmp_path / "s2", stage2)), "--table", str(table)]) == 0
+    tuned = yaml.safe_load(table.read_text())["tuned_lr"]
+    assert tuned["e4m3"] == {"plain": 3e-3, "adamw": 3e-3, "manifold": 1.0, "relative": 0.03,
+                             "adamw-ongrid_stochastic": 3e-3}
+    assert tuned["e5m2"] == {"plain": 1e-2, "adamw": 1e-2}  # kept from the first stage
+    assert "seeds [101]: final val loss 2.1000" in table.read_text()  # where each pick came from
+    # an evaluation experiment reads it by interpolation: per format, per arm, plain groups at AdamW's pick
+    (tmp_path / "conf" / "experiment" / "evaluate.yaml").write_text(
+        "# @package _global_\ndefaults:\n  - /experiment/optim/tuned/study\n"
+        "baseline:\n  lr: ${tuned_lr.${format.name}.plain}\n"
+        "optimizer:\n  lr: ${tuned_lr.${format.name}.${optimizer.name}}\n")
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(tmp_path / "conf"), version_base="1.3"):
+        for arm, fmt, lr, plain in (("manifold", "e4m3", 1.0, 3e-3), ("adamw", "e5m2", 1e-2, None)):
+            cfg = compose(config_name="train", overrides=[f"optimizer={arm}", f"format={fmt}", "experiment=evaluate"])
+            validate(cfg, paths=False)
+            assert cfg.optimizer.lr == lr and cfg.baseline.lr == (plain or lr)
+            assert cfg.optimizer.get("plain_lr", plain) == plain
+    GlobalHydra.instance().clear()
+
+
+def test_refusals_write_nothing(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    table = tmp_path / "tuned.yaml"
+    # tuning on an evaluation seed
+    assert main([str(fake_scan(tmp_path / "a", ADAMW_SCAN)), "--table", str(table), "--eval-seeds", "101"]) == 2
+    assert "seed(s) [101], which are evaluation seeds [101]" in capsys.readouterr().err and not table.exists()
+    # too few lrs
+    assert main([str(tmp_path / "a"), "--table", str(table), "--min-lrs", "5"]) == 2
+    assert "only 4 lrs scanned; at least 5" in capsys.readouterr().err and not table.exists()
+    # an arm before AdamW has a pick in its format
+    manifold = scan("manifold[update]", "e4m3", {0.3: 2.3, 1.0: 2.1, 3.0: 2.2}, plain=5e-3)
+    assert main([str(fake_scan(tmp_path / "b", manifold)), "--table", str(table)]) == 2
+    assert "AdamW has no pick in e4m3 yet" in capsys.readouterr().err and not table.exists()
+    # an arm tuned with its plain groups at another lr than AdamW's pick
+    assert main([str(tmp_path / "a"), "--table", str(table)]) == 0
+    before = table.read_text()
+    assert main([str(tmp_path / "b"), "--table", str(table)]) == 2
+    err = capsys.readouterr().err
+    assert "stepped the grid-less parameters at lr 0.005, but AdamW's pick in e4m3 is 0.003" in err
+    assert table.read_text() == before
+    assert main([str(tmp_path / "a"), "--table", str(table), "--write"]) == 2  # two outputs: refused
+    with pytest.raises(SystemExit):
+        main([str(tmp_path / "a"), "--eval-seeds", "x"])
+
+
+def test_an_edge_pick_writes_a_resumable_extension_scan(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    runs = scan("manifold[update]", "e4m3", {0.3: 2.3, 1.0: 2.2, 3.0: 2.1}, seeds=(101, 102), plain=5e-3)
+    sweep = fake_scan(tmp_path / "sweep", runs, overrides=True, numbered=False)
+    script = tmp_path / "extend.sh"
+    assert main([str(sweep), "--table", str(tmp_path / "t.yaml"), "--extend", str(script)]) == 2
+    assert "1 extension scan(s) written" in capsys.readouterr().out
+    command = script.read_text().splitlines()[-1]
+    assert command == ("python -m altgrad.train experiment=lr_scan +experiment/arm=manifold-fp32_master format=e4m3 "
+                       f"optimizer.lr=10,30 seed=101,102 hydra.sweep.dir={sweep} +resume_sweep=true")
+
+
+# -- a real scan, extended in place ---------------------------------------------------------------------------------
+SCAN = ["experiment=lr_scan_debug", "+experiment/arm=adamw-fp32_master", "format=e4m3", "seed=101"]
+
+
+@pytest.mark.slow
+def test_a_real_scan_is_refused_at_its_edge_then_extended_into_the_same_folder(tmp_path: Path,
+                                                                               sweep_env: dict[str, str]) -> None:
+    sweep = tmp_path / "scan"
+    done = run_train([*SCAN, "optimizer.lr=1e-4,3e-4", f"hydra.sweep.dir={sweep}"], sweep_env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    script = tmp_path / "extend.sh"
+    assert main([str(sweep), "--table", str(tmp_path / "t.yaml"), "--extend", str(script)]) == 2
+    assert "optimizer.lr=0.001,0.003 seed=101" in script.read_text()  # losses fall with lr here: the high edge
+    env = {**sweep_env, "PATH": f"{Path(sys.executable).parent}:{sweep_env['PATH']}"}  # the script's python
+    for _ in range(2):  # the second run finds every job finished and skips it
+        ran = subprocess.run(["bash", str(script)], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+        assert ran.returncode == 0, ran.stderr[-2000:]
+    jobs = job_dirs(sweep)
+    assert len(jobs) == 4 and all(summary(j)["status"] == "completed" for j in jobs.values())
+    assert "arm=adamw-fp32_master,format=e4m3,optimizer.lr=0.003,seed=101" in jobs
+    pick = pick_per_format(load_sweeps([sweep]).jobs)[("e4m3", "adamw")]
+    assert pick.scanned == (1e-4, 3e-4, 1e-3, 3e-3)
+
+
+def test_a_numbered_sweep_cannot_be_extended_in_place(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    runs = scan("adamw", "e4m3", {1e-3: 2.3, 3e-3: 2.2})
+    sweep = fake_scan(tmp_path / "sweep", runs, overrides=True)
+    assert main([str(sweep), "--table", str(tmp_path / "t.yaml"), "--extend", str(tmp_path / "x.sh")]) == 2
+    assert "numbers its job dirs" in capsys.readouterr().err and not (tmp_path / "x.sh").exists()
