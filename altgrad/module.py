@@ -8,9 +8,11 @@ The backbone lives at `self.model` (a `GPT`); quantization callbacks swap its Li
 from __future__ import annotations
 
 import math
+import os
 import random
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -21,6 +23,59 @@ from torchmetrics import MeanMetric
 
 from altgrad.model import GPT, GPTConfig
 from altgrad.optim import build_optimizer
+
+
+def process_start_unix() -> float | None:
+    """When this process started (Unix time, 10 ms resolution) from /proc; None where there is no /proc (not Linux).
+
+    A job's warm-up counts from here: interpreter start-up and imports are part of what a job pays."""
+    try:
+        stat = Path("/proc/self/stat").read_text()
+        boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                    if line.startswith("btime "))
+        ticks = float(stat.rsplit(")", 1)[1].split()[19])  # field 22, starttime (fields 3.. follow the ")")
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, StopIteration, IndexError):
+        return None
+
+
+class JobClock:
+    """Where a job's time goes, in wall seconds: start-up (process start → fit start), warm-up (process start →
+    first optimizer step done), the first step alone (compiles), steps, validation, and fit end; plus the steady
+    throughput over the second half of the steps (after the compiles and the first intervals' one-off work).
+
+    Unix times from the process's own clock, so a bench can add what it sees outside (its launch, the exit)."""
+
+    def __init__(self) -> None:
+        self.process_start = process_start_unix()
+        self.fit_start: float | None = None
+        self.first_step_done: float | None = None
+        self.first_step_seconds: float | None = None
+        self.validation_seconds = 0.0
+        self.steps: list[tuple[float, int]] = []  # (seconds, tokens) of every step of this process
+        self.validation_started: float | None = None
+
+    def steady_tokens_per_second(self) -> float | None:
+        """Tokens / seconds over the second half of this process's steps (None with fewer than 2 steps)."""
+        half = self.steps[len(self.steps) // 2:]
+        seconds = sum(s for s, _ in half)
+        return sum(n for _, n in half) / seconds if len(self.steps) >= 2 and seconds > 0 else None
+
+    def summary(self, fit_end: float) -> dict[str, float | None]:
+        """The ``timing`` entry of summary.json (seconds; ``*_unix``: Unix times)."""
+        t0 = self.process_start
+
+        def since_start(t: float | None) -> float | None:
+            return None if t is None or t0 is None else t - t0
+
+        return {"process_start_unix": t0, "first_step_unix": self.first_step_done, "fit_end_unix": fit_end,
+                "startup_seconds": since_start(self.fit_start),
+                "warmup_seconds": since_start(self.first_step_done),
+                "first_step_seconds": self.first_step_seconds,
+                "steps_seconds": sum(s for s, _ in self.steps),
+                "validation_seconds": self.validation_seconds,
+                "fit_end_seconds": since_start(fit_end),
+                "steady_tokens_per_second": self.steady_tokens_per_second()}
 
 
 class WarmupCosine:
@@ -63,6 +118,7 @@ class AltGradModule(L.LightningModule):
         self.tokens_seen = 0
         self.train_seconds = 0.0
         self._clock: float | None = None
+        self.job_clock = JobClock()
         self._rng_to_restore: dict[str, Any] | None = None
 
     # -- model ------------------------------------------------------------------------------------------------------
@@ -87,6 +143,9 @@ class AltGradModule(L.LightningModule):
         self.log("lr", self.trainer.optimizers[0].param_groups[0]["lr"])
         return loss
 
+    def on_fit_start(self) -> None:
+        self.job_clock.fit_start = time.time()
+
     def on_train_start(self) -> None:
         self._restore_rng()
         self._clock = time.perf_counter()
@@ -98,6 +157,10 @@ class AltGradModule(L.LightningModule):
             dt = now - self._clock
             self.train_seconds += dt
             self.tokens_seen += tokens
+            clock = self.job_clock
+            if clock.first_step_done is None:
+                clock.first_step_done, clock.first_step_seconds = time.time(), dt
+            clock.steps.append((dt, tokens))
             self.log("train/tokens_per_s", tokens / dt, prog_bar=True)
             if self.peak_flops:
                 self.log("train/mfu", self.model.estimate_mfu(tokens / dt, self.peak_flops))
@@ -110,7 +173,13 @@ class AltGradModule(L.LightningModule):
         if tps is not None and self.peak_flops:
             self.run_summary["mfu"] = self.model.estimate_mfu(tps, self.peak_flops)
 
+    def on_fit_end(self) -> None:
+        self.run_summary["timing"] = self.job_clock.summary(fit_end=time.time())
+
     # -- validation -------------------------------------------------------------------------------------------------
+    def on_validation_start(self) -> None:
+        self.job_clock.validation_started = time.perf_counter()
+
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         self.val_loss.update(self.loss(batch))
 
@@ -136,6 +205,8 @@ class AltGradModule(L.LightningModule):
 
     def on_validation_end(self) -> None:
         self._clock = time.perf_counter()  # throughput counts training time only
+        if self.job_clock.validation_started is not None:
+            self.job_clock.validation_seconds += self._clock - self.job_clock.validation_started
 
     # -- optimization -----------------------------------------------------------------------------------------------
     def configure_optimizers(self) -> dict[str, Any]:
