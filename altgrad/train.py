@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     import lightning as L
 
     from altgrad.module import AltGradModule
+    from altgrad.resume_check import ResumePlan
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 SUMMARY = "summary.json"
@@ -45,8 +46,9 @@ def _instantiate_mapping(node: DictConfig | None) -> list[Any]:
     return out
 
 
-def build_callbacks(cfg: DictConfig, run_dir: Path) -> list[L.Callback]:
-    """Quantization + fingerprint, the configured callbacks (cfg.callbacks, in order), checkpointing, progress bar."""
+def build_callbacks(cfg: DictConfig, run_dir: Path, resume: ResumePlan | None = None) -> list[L.Callback]:
+    """Quantization + fingerprint, the configured callbacks (cfg.callbacks, in order), checkpointing, progress bar,
+    and the once-per-run console warning about formats that flush or saturate a role."""
     from lightning.pytorch.callbacks import ProgressBar, TQDMProgressBar
 
     from altgrad.checkpoint import LastCheckpoint
@@ -69,7 +71,8 @@ def build_callbacks(cfg: DictConfig, run_dir: Path) -> list[L.Callback]:
                               storage_rounding=cfg.quant.storage_rounding, seed=cfg.seed, run_dir=run_dir,
                               stats=cfg.quant.get("stats", "demand"))
     callbacks = [quant, FingerprintCallback(), *_instantiate_mapping(cfg.get("callbacks"))]
-    callbacks.append(LastCheckpoint(run_dir / "checkpoints", cfg.trainer.checkpoint_every_n_steps))
+    callbacks.append(LastCheckpoint(run_dir / "checkpoints", cfg.trainer.checkpoint_every_n_steps,
+                                    config=OmegaConf.to_container(cfg, resolve=True), resume=resume))
     if not any(isinstance(c, ProgressBar) for c in callbacks):
         callbacks.append(LossProgressBar(refresh_rate=cfg.trainer.progress_refresh))
     return callbacks
@@ -217,15 +220,31 @@ def _sample(module: AltGradModule, tokenizer: Any, n_tokens: int, seed: int) -> 
 def train(cfg: DictConfig) -> dict[str, Any]:
     """Train one run as configured and return its summary (also written to `<paths.output_dir>/summary.json`).
 
-    Raises ConfigError before writing anything when the config is invalid; any failure during the run is recorded
-    as status "failed" with its error in summary.json, then re-raised.
+    Raises ConfigError (a bad config or checkpoint) or RunDirError (the run dir is taken) before writing anything.
+    A signal (SIGTERM, SIGINT, SIGUSR1/2) ends the run as status "interrupted" with a checkpoint at the step reached;
+    any other failure during the run is recorded as status "failed" with its error in summary.json, then re-raised.
     """
+    from altgrad.interrupts import GUARD, RunInterrupted, signal_name
+    from altgrad.resume_check import plan_resume
+    from altgrad.run_dir import claim, resumes_here
+
     validate(cfg)
     run_dir = Path(cfg.paths.output_dir)
     ckpt_path = str(resolve_checkpoint(cfg.ckpt_path)) if cfg.get("ckpt_path") else None
-    run_dir.mkdir(parents=True, exist_ok=True)
+    config = OmegaConf.to_container(cfg, resolve=True)
+    plan = plan_resume(ckpt_path, config, cfg.trainer.max_steps) if ckpt_path else None
+    run_claim = claim(run_dir, ckpt_path)
+    in_place = resumes_here(run_dir, ckpt_path)
+    previous = _previous_summary(run_dir) if in_place else {}
     summary = base_summary(cfg)
+    if plan is not None:
+        summary.update(resumed_from=ckpt_path, resumed_at_step=plan.step, resumed_in_place=in_place)
+        if plan.differences:
+            summary.update(resumed_with_new_config=plan.differences, resumed_from_config=plan.stored_config)
     started = time.perf_counter()
+    GUARD.reset()
+    installed = GUARD.install()
+    trainer = module = None
     try:
         import lightning as L
         import torch
@@ -237,13 +256,20 @@ def train(cfg: DictConfig) -> dict[str, Any]:
             keep_freed_memory()
         datamodule = hydra.utils.instantiate(cfg.data, _convert_="all")
         module = build_module(cfg, datamodule.vocab_size)
-        callbacks = build_callbacks(cfg, run_dir)
+        callbacks = build_callbacks(cfg, run_dir, resume=plan)
         loggers = build_loggers(cfg, run_dir)
+        if in_place and plan is not None:
+            from altgrad.metrics_csv import append_on_resume
+
+            stopped_here = previous.get("status") == "interrupted" and previous.get("steps") == plan.step
+            append_on_resume(loggers, run_dir, plan.metrics_rows, None if stopped_here else plan.step)
         trainer = build_trainer(cfg, run_dir, callbacks, loggers)
         for logger in loggers:
             logger.log_hyperparams(summary["config"])
+        if plan is not None and plan.differences:
+            module.strict_loading = False  # quantizer buffers of another format are taken fresh
         # weights_only=True: resuming proves the checkpoint holds only plain containers.
-        trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
+        _fit(trainer, module, datamodule, ckpt_path)
         if module.run_summary.get("final_val_step") != trainer.global_step:
             trainer.validate(module, datamodule=datamodule, verbose=False)
         summary["steps"] = int(trainer.global_step)
@@ -252,15 +278,86 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         _finish_status(summary)
         if cfg.trainer.sample_tokens and summary["status"] == "completed":
             summary["sample"] = _sample(module, datamodule.tokenizer, cfg.trainer.sample_tokens, cfg.seed)
+    except RunInterrupted as err:
+        signum = GUARD.signum if GUARD.signum is not None else err.signum
+        step = int(trainer.global_step) if trainer is not None else 0
+        saved = _saved_step(trainer)
+        if module is not None:
+            summary.update(module.run_summary)
+            summary["n_params"] = module.model.num_params()
+        summary.update(status="interrupted", steps=step, interrupted_by=signal_name(signum), signal=int(signum),
+                       interrupted_at_step=step,
+                       checkpoint=str(run_dir / "checkpoints" / "last.ckpt") if saved == step and step > 0 else None)
+        summary["resume_command"] = resume_command(cfg, run_dir) if summary["checkpoint"] else None
     except BaseException as err:
         summary["status"] = "failed"
         summary["error"] = f"{type(err).__name__}: {err}"
         raise
     finally:
-        _finish_wandb(failed=summary["status"] == "failed")
+        _finish_wandb(failed=summary["status"] in ("failed", "interrupted"))
         summary["wall_seconds"] = time.perf_counter() - started
         write_summary(run_dir, summary)
+        run_claim.release()
+        GUARD.deferring = False
+        if installed:
+            GUARD.uninstall()
     return _plain(summary)  # exactly what summary.json holds
+
+
+def _fit(trainer: L.Trainer, module: AltGradModule, datamodule: Any, ckpt_path: str | None) -> None:
+    """trainer.fit, with a checkpoint that does not fit this model (under +resume_with_new_config) as one line."""
+    from altgrad.resume_check import CheckpointError
+
+    try:
+        trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path, weights_only=True)
+    except RuntimeError as err:
+        text = str(err)
+        if ckpt_path and trainer.global_step == 0 and "Error(s) in loading state_dict" in text:
+            detail = " ".join(line.strip() for line in text.splitlines()[1:3])
+            raise CheckpointError(f"ckpt_path={ckpt_path!r} does not fit this model ({detail[:300]}); the model "
+                                  "shape must match to resume, even with +resume_with_new_config") from None
+        raise
+
+
+def _previous_summary(run_dir: Path) -> dict[str, Any]:
+    try:
+        previous = json.loads((run_dir / SUMMARY).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return {}
+    return previous if isinstance(previous, dict) else {}
+
+
+def _saved_step(trainer: Any) -> int:
+    if trainer is None:
+        return -1
+    from altgrad.checkpoint import LastCheckpoint
+
+    for callback in getattr(trainer, "callbacks", None) or []:
+        if isinstance(callback, LastCheckpoint):
+            return callback.saved_at
+    return -1
+
+
+def resume_command(cfg: DictConfig, run_dir: Path) -> str:
+    """The command line that resumes this run in its own folder (the same overrides, plus where to resume)."""
+    import shlex
+
+    overrides: list[str] = []
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        if HydraConfig.initialized():
+            hc = HydraConfig.get()
+            if hc.mode == RunMode.MULTIRUN:
+                return (f"rerun the sweep's command with hydra.sweep.dir={shlex.quote(hc.sweep.dir)} "
+                        "+resume_sweep=true")
+            overrides = [o for o in hc.overrides.task
+                         if o.split("=", 1)[0].lstrip("+~") not in ("ckpt_path", "hydra.run.dir")]
+    except (ImportError, ValueError):
+        pass
+    words = ["python", "-m", "altgrad.train", *overrides, f"ckpt_path={run_dir}", f"hydra.run.dir={run_dir}"]
+    return " ".join(shlex.quote(w) for w in words)
 
 
 def _finish_wandb(failed: bool) -> None:
@@ -313,32 +410,80 @@ def main(cfg: DictConfig) -> None:
     from hydra.types import RunMode
 
     from altgrad.data.sources import DataUnavailableError
+    from altgrad.interrupts import exit_code
     from altgrad.quant.layer_map import LayerMapError
-    from altgrad.sweep.resume import skip_finished
+    from altgrad.run_dir import EXIT_CODE, RunDirError
+    from altgrad.sweep.resume import interrupted_run, skip_finished
 
     try:
         if skip_finished(cfg):  # +resume_sweep=true: this job finished in an earlier run of the same sweep
             return
+        resume_dir = interrupted_run(cfg)  # +resume_sweep=true: this job was interrupted; continue it in place
+        if resume_dir is not None:
+            print(f"resume_sweep: {resume_dir} was interrupted; resuming it from its checkpoint", flush=True)
+            cfg.ckpt_path = str(resume_dir)
         summary = train(cfg)
-    except (ConfigError, DataUnavailableError, LayerMapError) as err:
+    except (ConfigError, DataUnavailableError, LayerMapError, RunDirError) as err:
         # Known, user-fixable problems: one line, no traceback. A multirun re-raises so the other jobs go on and
         # Hydra reports the failure at the end.
         print(f"error: {err}", file=sys.stderr, flush=True)
         if HydraConfig.get().mode == RunMode.RUN:
-            raise SystemExit(1) from None
+            raise SystemExit(EXIT_CODE if isinstance(err, RunDirError) else 1) from None
         raise
     _report(summary, Path(cfg.paths.output_dir))
+    if summary["status"] == "interrupted":
+        # A result, like a divergence, but the process ends as the signal asked (128 + signal): a scheduler can
+        # requeue it and a sweep stops here.
+        print(_interrupt_line(summary), file=sys.stderr, flush=True)
+        raise SystemExit(exit_code(summary["signal"]))
+
+
+def _interrupt_line(summary: dict[str, Any]) -> str:
+    head = f"interrupted by {summary['interrupted_by']} at step {summary['steps']}"
+    if summary.get("checkpoint"):
+        return f"{head}; checkpoint saved; resume with: {summary['resume_command']}"
+    return f"{head}; nothing trained yet, so no checkpoint: rerun the same command to start again"
+
+
+def _check_run_dir(args: list[str]) -> None:
+    """A single run with an explicit hydra.run.dir: refuse a folder that is taken before Hydra writes into it."""
+    from altgrad.run_dir import EXIT_CODE, RunDirError, probe
+
+    if any(a in ("-m", "--multirun") for a in args):
+        return
+    given = dict(a.split("=", 1) for a in args if "=" in a and not a.startswith(("+", "~")))
+    run_dir = given.get("hydra.run.dir")
+    if not run_dir or "${" in run_dir:
+        return
+    try:
+        ckpt = resolve_checkpoint(given["ckpt_path"]) if given.get("ckpt_path") not in (None, "null") else None
+    except ConfigError:
+        ckpt = None  # reported by train() with the rest of the config
+    try:
+        probe(Path(run_dir), ckpt)
+    except RunDirError as err:
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_CODE) from None
 
 
 def cli(argv: list[str] | None = None) -> None:
     """Check the overrides (one readable line on error, exit 2), then hand over to Hydra."""
+    from altgrad.interrupts import GUARD, RunInterrupted, exit_code, signal_name
     from altgrad.preflight import check_overrides
 
-    message = check_overrides(sys.argv[1:] if argv is None else argv, CONF_DIR)
-    if message:
-        print(f"error: {message}", file=sys.stderr, flush=True)
-        raise SystemExit(2)
-    main()
+    GUARD.install()  # a signal during start-up ends with one line, not a traceback
+    try:
+        args = sys.argv[1:] if argv is None else argv
+        message = check_overrides(args, CONF_DIR)
+        if message:
+            print(f"error: {message}", file=sys.stderr, flush=True)
+            raise SystemExit(2)
+        _check_run_dir(args)
+        main()
+    except RunInterrupted as err:
+        print(f"interrupted by {signal_name(err.signum)} before training started; nothing to resume",
+              file=sys.stderr, flush=True)
+        raise SystemExit(exit_code(err.signum)) from None
 
 
 if __name__ == "__main__":

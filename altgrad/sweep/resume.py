@@ -1,13 +1,16 @@
 """``+resume_sweep=true``: a rerun of a sweep skips every job whose earlier run in the same job dir finished.
 
 Finished means summary.json says ``completed`` or ``diverged`` (both are results: a deterministic rerun of a
-diverged job diverges again). A job that failed, was killed, or never started runs again. A job dir holding a
-finished run of a *different* configuration is an error for that job, never overwritten: a rerun must use the same
-sweep folder (``hydra.sweep.dir=multirun/NAME/DATE/TIME``) and the same grid values (job dirs are named by them).
+diverged job diverges again). An ``interrupted`` job (SIGTERM, SIGINT, SIGUSR1/2) resumes in place from the
+checkpoint it saved; a job that failed, was killed, or never started runs again. A job dir holding a finished run of
+a *different* configuration is an error for that job, never overwritten: a rerun must use the same sweep folder
+(``hydra.sweep.dir=multirun/NAME/DATE/TIME``) and the same grid values (job dirs are named by them). Keys that only
+say where things are written (the sweep folder, logger paths) never count, so a moved sweep folder resumes.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import json
 from pathlib import Path
 from typing import Any
@@ -35,13 +38,46 @@ def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
 def _identity(config: dict[str, Any]) -> dict[str, Any]:
     """The flattened config without the keys of NOT_IDENTITY (and anything below them)."""
     return {k: v for k, v in _flatten(config).items()
-            if not any(k == skip or k.startswith(skip + ".") for skip in NOT_IDENTITY)}
+            if not any(fnmatch.fnmatchcase(k, skip) or fnmatch.fnmatchcase(k, skip + ".*") for skip in NOT_IDENTITY)}
 
 
 def config_differences(stored: dict[str, Any], current: dict[str, Any]) -> list[str]:
     """`key: stored → current` for every identity key whose value differs (lists compared whole), sorted."""
     a, b = _identity(stored), _identity(current)
     return [f"{k}: {a.get(k)!r} → {b.get(k)!r}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+
+
+def _read_summary(cfg: DictConfig) -> tuple[Path, dict[str, Any] | None]:
+    path = Path(cfg.paths.output_dir) / SUMMARY
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return path, None  # no summary (never ran, killed) or a broken one
+    return path, summary if isinstance(summary, dict) else None
+
+
+def _check_same(path: Path, summary: dict[str, Any], cfg: DictConfig) -> None:
+    stored = summary.get("config")
+    current = OmegaConf.to_container(cfg, resolve=True)
+    differences = config_differences(stored, current) if isinstance(stored, dict) else ["summary has no config"]
+    if differences:
+        shown = "; ".join(differences[:3]) + (f"; … ({len(differences)} keys)" if len(differences) > 3 else "")
+        raise ConfigError(f"resume_sweep: {path} holds a {summary.get('status')} run of another configuration "
+                          f"({shown}); rerun the same grid in the same hydra.sweep.dir, or give a new sweep dir")
+
+
+def interrupted_run(cfg: DictConfig) -> Path | None:
+    """The job dir to resume in place when ``resume_sweep`` is set and this job's earlier run was interrupted with a
+    checkpoint (else None). Raises ConfigError when that run had another configuration."""
+    if not cfg.get("resume_sweep") or cfg.get("ckpt_path"):
+        return None
+    path, summary = _read_summary(cfg)
+    if summary is None or summary.get("status") != "interrupted" or not summary.get("checkpoint"):
+        return None
+    if not (Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt").is_file():
+        return None
+    _check_same(path, summary, cfg)
+    return Path(cfg.paths.output_dir)
 
 
 def finished_run(cfg: DictConfig) -> dict[str, Any] | None:
@@ -51,20 +87,10 @@ def finished_run(cfg: DictConfig) -> dict[str, Any] | None:
     """
     if not cfg.get("resume_sweep"):
         return None
-    path = Path(cfg.paths.output_dir) / SUMMARY
-    try:
-        summary = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return None  # no summary (never ran, killed) or a broken one: run again
-    if not isinstance(summary, dict) or summary.get("status") not in FINISHED:
+    path, summary = _read_summary(cfg)
+    if summary is None or summary.get("status") not in FINISHED:
         return None
-    stored = summary.get("config")
-    current = OmegaConf.to_container(cfg, resolve=True)
-    differences = config_differences(stored, current) if isinstance(stored, dict) else ["summary has no config"]
-    if differences:
-        shown = "; ".join(differences[:3]) + (f"; … ({len(differences)} keys)" if len(differences) > 3 else "")
-        raise ConfigError(f"resume_sweep: {path} holds a finished run of another configuration ({shown}); "
-                         "rerun the same grid in the same hydra.sweep.dir, or give a new sweep dir")
+    _check_same(path, summary, cfg)
     return summary
 
 

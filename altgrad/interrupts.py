@@ -1,0 +1,98 @@
+"""Interrupts as a result: SIGTERM, SIGINT, SIGUSR1 and SIGUSR2 end a run with a checkpoint, not a traceback.
+
+Before training starts (set-up, data, sanity check) a signal stops the run at once: there is no state to save. Once
+training runs, the first signal is only noted and the run stops after the current optimizer step, where
+`LastCheckpoint` saves `checkpoints/last.ckpt` (a step boundary: weights, optimizer, data position and RNG agree, and
+on-grid weights are back on their grid). A second signal stops at once. `train()` records status `interrupted`
+with the signal and the step; the command exits 128 + the signal number, as shells and schedulers expect.
+
+Lightning installs its own SIGTERM handler (which raises mid-validation and is not told about SIGINT/SIGUSR);
+`take_over()` re-installs ours when training starts, and Lightning restores ours when it tears down.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from types import FrameType
+from typing import Any
+
+SIGNALS = tuple(s for s in ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2") if hasattr(signal, s))
+log = logging.getLogger(__name__)
+
+
+class RunInterrupted(BaseException):
+    """Raised where a signal has to stop the process at once (a BaseException, like KeyboardInterrupt, so no
+    `except Exception` in a library swallows it)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"interrupted by {signal_name(signum)}")
+        self.signum = signum
+
+
+def signal_name(signum: int) -> str:
+    """`SIGTERM` for 15, and so on."""
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def exit_code(signum: int) -> int:
+    """What a shell reports for a process ended by `signum`: 128 + its number."""
+    return 128 + int(signum)
+
+
+class InterruptGuard:
+    """The process's handlers for SIGNALS: raise at once, or (while `deferring`) note the first signal only."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self.deferring = False
+        self._previous: dict[int, Any] = {}
+
+    @property
+    def requested(self) -> bool:
+        """Whether a signal arrived (the run must stop at the next step boundary)."""
+        return self.signum is not None
+
+    def install(self) -> bool:
+        """Make our handler the one for every signal in SIGNALS; True when none of them was ours before (the
+        caller then owns the handlers and `uninstall`s them)."""
+        if threading.current_thread() is not threading.main_thread():
+            return False  # signal.signal only works in the main thread; a threaded launcher keeps its own handling
+        fresh = not self._previous
+        for name in SIGNALS:
+            signum = getattr(signal, name)
+            current = signal.getsignal(signum)
+            if current != self._handle:
+                self._previous.setdefault(signum, current)
+                signal.signal(signum, self._handle)
+        return fresh
+
+    def uninstall(self) -> None:
+        """Put back the handlers that were there before `install`."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+        self._previous.clear()
+
+    def reset(self) -> None:
+        """Forget a signal (a new run in the same process, e.g. the next job of a sweep, starts clean)."""
+        self.signum = None
+        self.deferring = False
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.deferring and self.signum is None:
+            self.signum = signum
+            log.warning("%s received: stopping after this step with a checkpoint (send it again to stop at once)",
+                        signal_name(signum))
+            return
+        if self.signum is None:
+            self.signum = signum
+        raise RunInterrupted(signum)
+
+
+GUARD = InterruptGuard()

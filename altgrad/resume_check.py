@@ -1,0 +1,134 @@
+"""What `ckpt_path` may resume: a readable AltGrad checkpoint, short of `trainer.max_steps`, trained under the same
+configuration of everything that shapes its state (model, format, layer map, storage, optimizer, data stream).
+
+Keys that only say where things are written or how they are shown never count, so a moved run or sweep resumes.
+`+resume_with_new_config=true` resumes under a different configuration on purpose (fine-tuning in another format,
+say): summary.json then records the checkpoint's configuration beside the new one. Every problem is one line.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+import os
+import pickle
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from altgrad.config import ConfigError
+
+log = logging.getLogger(__name__)
+RECORD = "altgrad"  # the checkpoint key LastCheckpoint writes: {"config": resolved config}
+# What shapes a checkpoint's state; everything else (steps, intervals, paths, loggers, callbacks) may change.
+STATE_KEYS = ("seed", "model", "format", "layer_map", "quant.master", "quant.storage_rounding", "optimizer", "data",
+              "trainer.accumulate_grad_batches")
+# Below STATE_KEYS, keys that say where data is cached or how it is loaded, not what it is.
+NOT_STATE = ("data.cache_dir", "data.num_workers")
+OVERRIDE = "resume_with_new_config"
+
+
+class CheckpointError(ConfigError):
+    """A checkpoint that cannot be resumed; the message is one line naming the file and what to do."""
+
+
+@dataclass
+class ResumePlan:
+    """What a resume will do: the checkpoint's step, and how its configuration differs from this run's."""
+
+    path: Path
+    step: int
+    stored_config: dict[str, Any] | None
+    differences: list[str] = field(default_factory=list)
+    optimizer_changed: bool = False
+    metrics_rows: int | None = None  # metrics.csv rows written when it was saved
+
+
+def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(node, dict):
+        out: dict[str, Any] = {}
+        for key, value in node.items():
+            out.update(_flatten(value, f"{prefix}{key}."))
+        return out
+    return {prefix[:-1]: node}
+
+
+def state_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The flattened keys of `config` that shape a checkpoint's state (STATE_KEYS minus NOT_STATE)."""
+    def counts(key: str) -> bool:
+        inside = any(key == k or key.startswith(k + ".") for k in STATE_KEYS)
+        return inside and not any(fnmatch.fnmatch(key, k) or key.startswith(k + ".") for k in NOT_STATE)
+
+    return {k: v for k, v in _flatten(config).items() if counts(k)}
+
+
+def config_differences(stored: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """`key: stored → current` for each state key that differs, sorted."""
+    a, b = state_config(stored), state_config(current)
+    missing = object()
+    return [f"{k}: {a.get(k, '<absent>')!r} → {b.get(k, '<absent>')!r}" for k in sorted(set(a) | set(b))
+            if a.get(k, missing) != b.get(k, missing)]
+
+
+def read_checkpoint(path: str | os.PathLike, key: str = "ckpt_path") -> dict[str, Any]:
+    """Load a checkpoint's tensors and plain containers (memory-mapped, never unpickling code); one-line errors."""
+    import torch
+
+    p = Path(path)
+    try:
+        size = p.stat().st_size
+    except OSError as err:
+        raise CheckpointError(f"{key}={str(path)!r} cannot be read ({err.strerror})") from None
+    if size == 0:
+        raise CheckpointError(f"{key}={str(path)!r} is an empty file (0 bytes), not a checkpoint; give another "
+                              "checkpoint, or drop ckpt_path to start fresh")
+    try:
+        checkpoint = torch.load(p, map_location="cpu", weights_only=True, mmap=True)
+    except pickle.UnpicklingError:
+        # weights_only refused an object: AltGrad checkpoints hold tensors and plain containers only.
+        raise CheckpointError(f"{key}={str(path)!r} holds Python objects beyond tensors and plain containers, which "
+                              "AltGrad checkpoints never do; not loaded (unpickling it could run code)") from None
+    except (RuntimeError, OSError, EOFError, ValueError, zipfile.BadZipFile, KeyError, AttributeError) as err:
+        raise CheckpointError(f"{key}={str(path)!r} is not a readable PyTorch checkpoint ({type(err).__name__}: "
+                              "corrupt, truncated or another kind of file); give another checkpoint, or drop "
+                              "ckpt_path to start fresh") from None
+    if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("state_dict"), dict) \
+            or "global_step" not in checkpoint or "optimizer_states" not in checkpoint:
+        raise CheckpointError(f"{key}={str(path)!r} is not an AltGrad training checkpoint (no model state, step "
+                              "and optimizer state); give checkpoints/last.ckpt of an AltGrad run")
+    return checkpoint
+
+
+def plan_resume(path: str | os.PathLike, current: dict[str, Any], max_steps: int) -> ResumePlan:
+    """Check `path` against this run's resolved config; raise CheckpointError (one line) when it cannot resume."""
+    checkpoint = read_checkpoint(path)
+    step = int(checkpoint["global_step"])
+    record = checkpoint.get(RECORD)
+    stored = record.get("config") if isinstance(record, dict) else None
+    if step >= max_steps:
+        raise CheckpointError(f"ckpt_path={str(path)!r} is at step {step}, which already reaches trainer.max_steps="
+                              f"{max_steps}: nothing to train; set trainer.max_steps above {step} to continue it")
+    plan = ResumePlan(Path(path), step, stored if isinstance(stored, dict) else None)
+    if isinstance(record, dict) and isinstance(record.get("metrics_rows"), int):
+        plan.metrics_rows = record["metrics_rows"]
+    if plan.stored_config is None:
+        log.warning("%s records no configuration (an older AltGrad checkpoint): resuming without the configuration "
+                    "check", path)
+        return plan
+    plan.differences = config_differences(plan.stored_config, current)
+    plan.optimizer_changed = any(d.startswith("optimizer.") for d in plan.differences)
+    if plan.differences and not current.get(OVERRIDE):
+        shown = "; ".join(plan.differences[:4]) + (f"; … ({len(plan.differences)} keys)"
+                                                   if len(plan.differences) > 4 else "")
+        raise CheckpointError(f"ckpt_path={str(path)!r} was trained with another configuration ({shown}); drop "
+                              f"ckpt_path to start fresh, or add +{OVERRIDE}=true to continue it under this one")
+    return plan
+
+
+def adapt_checkpoint(checkpoint: dict[str, Any], plan: ResumePlan) -> None:
+    """Under +resume_with_new_config with another optimizer: its state and the lr schedule start afresh (the old
+    optimizer's moments would be read as the new one's, or not fit at all); weights, step and data position stay."""
+    if plan.optimizer_changed:
+        checkpoint["optimizer_states"] = []
+        checkpoint["lr_schedulers"] = []

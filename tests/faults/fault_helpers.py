@@ -1,0 +1,70 @@
+"""Helpers of the fault tests: run the real entry point, signal it mid-run, compare runs bit for bit."""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+
+# A model and data small enough that a run is dominated by Python start-up; a fixed decay length, so the lr schedule
+# does not depend on max_steps and a run stopped early, resumed and extended matches a straight one.
+TINY = [
+    "model.n_layer=1", "model.n_head=2", "model.n_embd=32", "model.block_size=32",
+    "data.batch_size=4", "data.corpus_chars=200000", "data.val_batches=2",
+    "trainer.val_check_interval=2", "trainer.log_every_n_steps=1", "trainer.sample_tokens=0",
+    "trainer.progress_refresh=1", "schedule.warmup_steps=2", "schedule.decay_steps=1000", "logger=csv",
+]
+PROGRESS = re.compile(r"Epoch 0:.*?\| +(\d+)/")
+
+
+def run_train(args: list[str], env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess:
+    """`python -m altgrad.train ARGS` from the repo root, to the end."""
+    return subprocess.run([sys.executable, "-m", "altgrad.train", *args], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def signal_mid_run(args: list[str], env: dict[str, str], signum: int, log: Path, after_steps: int = 3,
+                   timeout: float = 300) -> tuple[int, str]:
+    """Start a run, send `signum` once the progress bar shows `after_steps` steps, and return (exit code, output)."""
+    with log.open("w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "altgrad.train", *args], cwd=REPO, env=env, stdout=out,
+                                stderr=subprocess.STDOUT, text=True)
+        deadline = time.monotonic() + timeout
+        try:
+            while time.monotonic() < deadline and proc.poll() is None:
+                steps = [int(m) for m in PROGRESS.findall(log.read_text(errors="replace"))]
+                if steps and max(steps) >= after_steps:
+                    proc.send_signal(signum)
+                    break
+                time.sleep(0.1)
+            code = proc.wait(timeout=max(deadline - time.monotonic(), 1))
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    return code, log.read_text(errors="replace")
+
+
+def summary(run_dir: Path) -> dict:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def checkpoint(run_dir: Path) -> dict:
+    return torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+
+
+def metric_rows(run_dir: Path) -> list[dict[str, str]]:
+    """metrics.csv rows without throughput columns (wall-clock dependent) and empty cells."""
+    with (run_dir / "metrics.csv").open(newline="") as f:
+        return [{k: v for k, v in row.items() if v != "" and "tokens_per_s" not in k} for row in csv.DictReader(f)]
+
+
+SIGNALS = {"SIGTERM": signal.SIGTERM, "SIGINT": signal.SIGINT, "SIGUSR1": signal.SIGUSR1}
