@@ -127,6 +127,12 @@ PRECISIONS = ("32-true", "32", "bf16-mixed", "bf16-true", "16-mixed", "16-true",
 MATMUL_PRECISIONS = ("highest", "high", "medium")
 
 
+# Measured by the job bench (docs/benchmarks/job.md): a compiled CPU job paid more in compiles than its steps won back.
+CPU_COMPILE_REFUSED = ("trainer.compile=true is off on the CPU (trainer.accelerator=cpu): torch.compile made CPU jobs "
+                       "slower, not faster (docs/benchmarks/job.md); valid: trainer.compile=false, or trainer=gpu; "
+                       "ALTGRAD_CPU_COMPILE=1 compiles on the CPU anyway")
+
+
 @dataclass
 class TrainerSchema:
     """`trainer=` group: Lightning Trainer settings plus the bench's own (checkpoint interval, compile, MFU peak)."""
@@ -164,6 +170,8 @@ class TrainerSchema:
                self.gradient_clip_val, "null or a float > 0")
         _check(self.peak_flops is None or self.peak_flops > 0, "trainer.peak_flops", self.peak_flops,
                "null or the hardware's peak FLOP/s > 0")
+        if self.compile and self.accelerator == "cpu" and os.environ.get("ALTGRAD_CPU_COMPILE") != "1":
+            raise ConfigError(CPU_COMPILE_REFUSED)
 
 
 @dataclass

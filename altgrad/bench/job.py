@@ -46,6 +46,8 @@ class Job:
     overrides: tuple[str, ...] = ()
     kind: str = "run"  # run | reference | sweep
     target: str | None = None  # "wall<=1.15" (ratio of walls to fp32) or "tps>=0.95" (steady tokens/s to fp32)
+    default: bool = True  # False: run only when named in --only
+    env: tuple[tuple[str, str], ...] = ()  # environment variables of this job
 
 
 JOBS: tuple[Job, ...] = (
@@ -61,6 +63,10 @@ JOBS: tuple[Job, ...] = (
     Job("e4m3 sweep job 2 (basic)", ("format=e4m3",), kind="sweep"),
     Job("e4m3 sweep job 2 (joblib)", ("format=e4m3", "hydra/launcher=joblib", "hydra.launcher.n_jobs=1"),
         kind="sweep"),
+    # the CPU preset refuses trainer.compile=true; these rows are the measurement behind that
+    Job("fp32 compile", ("trainer.compile=true",), default=False, env=(("ALTGRAD_CPU_COMPILE", "1"),)),
+    Job("e4m3 compile", ("format=e4m3", "trainer.compile=true"), default=False,
+        env=(("ALTGRAD_CPU_COMPILE", "1"),)),
 )
 BASE = "fp32"
 SWEEP_SEEDS = "seed=1337,1338"
@@ -102,7 +108,7 @@ def run_job(job: Job, out: Path, steps: int, extra: list[str], env: dict[str, st
     cmd, summary_dir = _launch(job, out, steps, extra)
     out.mkdir(parents=True, exist_ok=True)
     launched = time.time()
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
+    proc = subprocess.run(cmd, cwd=REPO, env={**env, **dict(job.env)}, capture_output=True, text=True)
     exited = time.time()
     (out / "bench.log").write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0:
@@ -217,8 +223,8 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--steps", type=int, default=300, help="trainer.max_steps of every job (default job: 300)")
     names = [j.name for j in JOBS]
     parser.add_argument("--only", default=None,
-                        help="comma-separated configurations (fp32 is always run: the ratios' base); valid: "
-                             + ", ".join(names))
+                        help="comma-separated configurations (fp32 is always run: the ratios' base; the compile "
+                             "rows only when named); valid: " + ", ".join(names))
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="an override added to every job (repeatable), e.g. --set data.batch_size=12")
     parser.add_argument("--markdown", type=Path, default=None, help="also write the final tables as markdown here")
@@ -226,7 +232,7 @@ def main(argv: list[str]) -> None:
     args = parser.parse_args(argv)
     if args.rounds < 1 or args.steps < 2:
         raise SystemExit("error: --rounds must be >= 1 and --steps >= 2 (steady throughput needs two steps)")
-    jobs = list(JOBS)
+    jobs = [j for j in JOBS if j.default]
     if args.only:
         wanted = [w.strip() for w in args.only.split(",") if w.strip()]
         unknown = [w for w in wanted if w not in names]

@@ -197,17 +197,21 @@ def quantize_many(pairs: list[tuple[TensorQuantizer, torch.Tensor]]) -> list[tor
                                kernel_variant(spec.format, spec.rounding, spec.overflow), with_stats, len(idx))
         flat: list[torch.Tensor | None] = []
         dst: list[torch.Tensor] = []
+        keep: list[bool] = []  # which of the call's written tensors go to a buffer (eval: the stats only)
         for i in idx:
             q, x = pairs[i]
             state = q.scaler.state()
             flat += [x.detach(), _seed_for(spec, x), *state]
             dst += [*state] if training else []
             dst += [q.stats] if with_stats else []
+            keep += [training] * len(state) + [True] * with_stats
         with torch.no_grad():
+            # Always the training graph (new states computed, then dropped in eval): the values do not depend on
+            # it, and validation and sampling then reuse its compile instead of tracing the unrolled graph again.
             ys, written = call(kernel_params(spec.format, spec.rounding, spec.overflow, device),
-                               scale_consts(spec.format, sc.margin, device), training, *flat)
+                               scale_consts(spec.format, sc.margin, device), True, *flat)
             if dst:
-                torch._foreach_copy_(dst, list(written))
+                torch._foreach_copy_(dst, [w for w, k in zip(written, keep) if k])
         for i, y in zip(idx, _StraightMany.apply(*(pairs[i][1] for i in idx), *ys)):
             out[i] = y
     return out

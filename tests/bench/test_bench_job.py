@@ -104,3 +104,15 @@ def test_bench_refuses_an_unknown_configuration() -> None:
     assert "error: --only 'e9m9': no such configuration; valid: fp32," in proc.stderr
     proc = bench("--set", "trainer.max_steps=3")
     assert proc.returncode != 0 and "use --steps" in proc.stderr
+
+
+def test_cpu_preset_refuses_compile_with_one_line(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "ALTGRAD_CPU_COMPILE"}
+    proc = subprocess.run([sys.executable, "-m", "altgrad.train", "trainer.compile=true",
+                           f"hydra.run.dir={tmp_path / 'run'}"], cwd=REPO, capture_output=True, text=True,
+                          timeout=120, env=env)
+    assert proc.returncode != 0
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: trainer.compile=true is off on the CPU"), proc.stderr
+    assert "valid: trainer.compile=false, or trainer=gpu" in lines[0]
+    assert not (tmp_path / "run").exists()  # refused before anything was written

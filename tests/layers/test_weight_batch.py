@@ -65,3 +65,41 @@ def test_disabled_quantizers_and_eval_mode_are_respected() -> None:
         assert torch.equal(batched(idx), plain(idx))
     for (name, a), (_, b) in zip(batched.named_buffers(), plain.named_buffers()):
         assert torch.equal(a, b), name
+
+
+def test_eval_passes_reuse_the_training_call() -> None:
+    """Validation and sampling call the batched weights' fused function with the same constant arguments as
+    training (one compiled graph for both), and still leave the scaler states alone."""
+    import altgrad.quant.quant_call as qc
+
+    calls: list[tuple] = []
+    built = qc._build_many
+
+    def spying_build(*key):  # noqa: ANN002, ANN202
+        fn = built(*key)
+        inner = fn.fn
+
+        def spy(*args):  # noqa: ANN002, ANN202
+            calls.append(tuple(a for a in args if not isinstance(a, torch.Tensor) and a is not None))
+            return inner(*args)
+
+        fn.fn = spy
+        return fn
+
+    qc._MANY.clear()
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(qc, "_build_many", spying_build)
+            batched, _ = model_pair({"name": "e4m3", "grad": "e5m2", "scaling": {"kind": "delayed", "history": 4}})
+            idx = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(3))
+            batched(idx)  # training mode: the scaler states move
+            before = {n: b.clone() for n, b in batched.named_buffers()}
+            batched.eval()
+            with torch.no_grad():
+                batched(idx)
+    finally:
+        qc._MANY.clear()
+    assert len(calls) == 2 and calls[0] == calls[1] == (True,)
+    for name, b in batched.named_buffers():
+        if "stats" not in name:
+            assert torch.equal(b, before[name]), f"eval changed {name}"
