@@ -10,7 +10,7 @@ from altgrad.report import plots, tables
 from altgrad.report.benefit import stability_thresholds, ulp_benefits
 from altgrad.report.cells import group_cells
 from altgrad.report.findings import findings
-from altgrad.report.load import load_sweeps
+from altgrad.report.load import Job, load_sweeps
 from altgrad.report.mechanism import has_updates, speeds
 from altgrad.report.stages import attribute_failures
 from altgrad.report.study import SameGrid, analyse, declared_endpoints, endpoint_problems
@@ -22,14 +22,33 @@ def _figure(path: Path | None, caption: str, missing: str) -> str:
     return f"![{caption}]({path.name})" if path is not None else f"_{missing}_"
 
 
-def same_grid_rule() -> SameGrid | None:
-    """Whether two formats give the same grid under the runs' scaling (power-of-two per-tensor scales), from the
-    quantization library; None where it has no such rule (formats are then all treated as distinct)."""
+def same_grid_rule(jobs: Sequence[Job]) -> SameGrid | None:
+    """Whether two formats give the same grid under the runs' scaling and overflow (the quantization library's
+    ``altgrad.quant.grids``): formats that both ran compare their runs' whole format config (gradient format
+    included); a declared format that did not run is compared under the scaling the runs used. None when the
+    library has no such rule (every format is then its own arm)."""
     try:
-        from altgrad.quant.grids import same_grid
+        from altgrad.quant.grids import run_grid_key, same_grid
     except ImportError:
         return None
-    return lambda a, b: bool(same_grid(a, b))
+    configs: dict[str, dict] = {}
+    for job in jobs:
+        fmt = job.config.get("format")
+        if isinstance(fmt, dict) and fmt.get("name") and job.format not in configs:
+            configs[job.format] = fmt
+    quantized = [c for c in configs.values() if isinstance(c.get("scaling"), dict)]
+    scaling = quantized[0]["scaling"] if quantized else None
+    overflow = (quantized[0].get("overflow") if quantized else None) or "saturate"
+
+    def rule(a: str, b: str) -> bool:
+        try:
+            if a in configs and b in configs:
+                return run_grid_key(configs[a]) == run_grid_key(configs[b])
+            return bool(same_grid(a, b, scaling, overflow))
+        except (ValueError, KeyError, TypeError):  # a name the library does not know is its own grid
+            return False
+
+    return rule
 
 
 def write_report(sweep_dirs: Sequence[str | os.PathLike[str]], out_dir: str | os.PathLike[str] | None = None,
@@ -48,7 +67,7 @@ def write_report(sweep_dirs: Sequence[str | os.PathLike[str]], out_dir: str | os
     diverged = sweep.by_state("diverged")
     not_completed = [j for j in sweep.jobs if j.state != "completed"]
     diag_names = tables.diagnostic_names(cells)
-    rule = same_grid_rule()
+    rule = same_grid_rule(sweep.jobs)
     studies = [(next((j.get("experiment") for j in js if j.get("experiment")), None), analyse(ep, js, rule))
                for ep, js in declared_endpoints(sweep.jobs)]
     bad_declarations = endpoint_problems(sweep.jobs)

@@ -268,6 +268,12 @@ def study_lines(result: StudyResult, experiment: str | None = None) -> list[str]
         lines.append(f"Benefit vs mantissa bits ({primary.name}, {len(pairs)} formats): Spearman ρ = {rho:+.2f}, "
                      f"exact permutation p = {p:.3g}" + (" — an association at α." if p < ep.alpha else
                                                          " — no association established."))
+    shown = [c for c in result.outside if c.test.mean is not None]
+    if shown:
+        lines.append("Outside the declared family (descriptive, uncorrected; a gain there too is not specific to "
+                     "the 8-bit grids): " + "; ".join(
+                         f"{c.format} {c.contrast.name} Δ = {c.test.mean:+.4f}, {conf} CI {_ci(c.ci)}"
+                         for c in shown) + ".")
     for note in result.notes:
         lines.append(f"Note: {note}.")
     return lines

@@ -18,8 +18,9 @@ from typing import Any
 
 import yaml
 
-STATES = ("completed", "diverged", "failed", "missing", "corrupt")
-"""completed/diverged/failed come from summary.json; missing = no summary.json; corrupt = unreadable summary."""
+STATES = ("completed", "diverged", "failed", "interrupted", "missing", "corrupt")
+"""completed/diverged/failed/interrupted come from summary.json (interrupted: stopped by a signal, resumable; not a
+result yet); missing = no summary.json; corrupt = unreadable summary."""
 
 _SKIP_DIRS = {".hydra", ".submitit", "wandb", "checkpoints", "lightning_logs", "__pycache__"}
 
@@ -156,14 +157,16 @@ def load_job(path: Path, name: str) -> Job:
         return Job(path, name, "corrupt", overrides=overrides, curve=curve, layer_map=layer_map,
                    problem=f"unreadable summary.json: {why}")
     status = summary.get("status")
-    if status not in ("completed", "diverged", "failed"):
+    if status not in ("completed", "diverged", "failed", "interrupted"):
         return Job(path, name, "corrupt", summary=summary, overrides=overrides, curve=curve, layer_map=layer_map,
-                   problem=f"summary.json status {status!r} is not one of completed, diverged, failed")
+                   problem=f"summary.json status {status!r} is not one of completed, diverged, failed, interrupted")
     problem = None
     if status == "failed":
         problem = str(summary.get("error") or "failed without an error message")
     elif status == "diverged":
         problem = str(summary.get("divergence_cause") or "diverged (no cause recorded)")
+    elif status == "interrupted":
+        problem = f"interrupted at step {summary.get('steps')} (resume the sweep to finish it)"
     return Job(path, name, status, summary, overrides, curve, layer_map, problem)
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-FORMAT_ORDER = ("fp32", "bf16", "fp16", "e0m7", "e1m6", "e3m4", "e4m3", "e5m2", "e7m0",
+FORMAT_ORDER = ("fp32", "bf16_ref", "bf16", "fp16", "e0m7", "e1m6", "e3m4", "e4m3", "e5m2", "e7m0",
                 *(f"p3109_p{p}" for p in range(1, 8)))
-REFERENCE_FORMATS = ("fp32", "bf16", "fp16")
+REFERENCE_FORMATS = ("fp32", "bf16_ref", "bf16", "fp16")
 """Wide formats run as references; the question is about the 8-bit ones."""
 OPTIMIZER_ORDER = ("adamw", "manifold[update]", "manifold", "manifold[grad]", "grid", "madam")
 STORAGE_ORDER = ("fp32 master", "on-grid nearest", "on-grid stochastic")

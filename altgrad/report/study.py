@@ -128,6 +128,8 @@ class StudyResult:
     ranking: Ranking
     arms: dict[tuple[str, str], Arm] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    outside: tuple[Comparison, ...] = ()         # formats run but not declared (e.g. a wide reference): descriptive
+
 
     def of(self, contrast: Contrast) -> list[Comparison]:
         return [c for c in self.comparisons if c.contrast == contrast]
@@ -249,7 +251,19 @@ def analyse(ep: Endpoint, jobs: Sequence[Job], same_grid: SameGrid | None = None
         comparisons.append(Comparison(contrast, rep, t, r, deltas, test, confidence, pa, ta, verdict, why))
 
     ranking = rank_formats([c for c in comparisons if c.contrast == ep.primary_contrast], ep.alpha)
-    return StudyResult(ep, jobs, formats, merged, missing, tuple(comparisons), ranking, arms, tuple(notes))
+    covered = {f for m in classes.values() for f in m}
+    outside = []
+    for fmt in sorted({j.format for j in jobs} - covered, key=lambda f: rank(FORMAT_ORDER, f)):
+        fjobs = [j for j in jobs if j.format == fmt]
+        contrast = ep.primary_contrast
+        t, r = (build_arm(fmt, lab, [j for j in fjobs if j.optimizer_label == lab], ep, None)
+                for lab in (contrast.treatment, contrast.reference))
+        deltas = {s: t.values[s] - r.values[s] for s in t.values if s in r.values}
+        test = t_test(list(deltas.values()))
+        outside.append(Comparison(contrast, fmt, t, r, deltas, test, confidence, test.p_value or 1.0, 1.0,
+                                  "outside the family"))
+    return StudyResult(ep, jobs, formats, merged, missing, tuple(comparisons), ranking, arms, tuple(notes),
+                       tuple(outside))
 
 
 def rank_formats(primary: Sequence[Comparison], alpha: float) -> Ranking:

@@ -199,7 +199,7 @@ def study_table(result: StudyResult) -> str:
     for c in result.comparisons:
         t, r = c.treatment, c.reference
         lrs = "/".join(", ".join(f"{x:g}" for x in a.lrs) or "—" if a is not None else "—" for a in (t, r))
-        fails = "/".join(f"{a.n_failures}/{len(a.jobs)}" if a is not None else "—" for a in (t, r))
+        fails = " / ".join(f"{a.n_failures} of {len(a.jobs)}" if a is not None else "—" for a in (t, r))
         ci = c.ci
         rows.append([c.contrast.name, c.format, lrs, len(c.deltas), fails, num(c.test.mean, signed=True),
                      "—" if ci is None else f"[{num(ci[0], signed=True)}, {num(ci[1], signed=True)}]",

@@ -96,7 +96,7 @@ def test_partial_sweep_of_broken_jobs_still_renders(tmp_path: Path) -> None:
     text = report.read_text()
     assert "**Not established:**" in text and "5 jobs — 1 completed, 1 failed, 1 missing, 2 corrupt" in text
     assert "ValueError: bad config" in text and "summary.json holds list, not an object" in text
-    assert "status 'running' is not one of completed, diverged, failed" in text
+    assert "status 'running' is not one of completed, diverged, failed, interrupted" in text
 
 
 def test_cli_subprocess_writes_into_the_sweep_dir(tmp_path: Path) -> None:

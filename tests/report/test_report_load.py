@@ -86,3 +86,10 @@ def test_read_curve_tolerates_bad_files(tmp_path: Path) -> None:
     binary = tmp_path / "b.csv"
     binary.write_bytes(b"\xff\xfe\x00garbage")
     assert read_curve(binary, "val/loss") == []
+
+
+def test_an_interrupted_job_is_listed_not_a_result(tmp_path: Path) -> None:
+    write_job(tmp_path / "0", fmt="e4m3", optimizer="adamw", seed=0, final=None, status="interrupted", steps=30)
+    (job,) = load_sweeps([tmp_path]).jobs
+    assert job.state == "interrupted" and job.final_loss is None
+    assert job.problem == "interrupted at step 30 (resume the sweep to finish it)"

@@ -223,3 +223,17 @@ def test_declaration_read_from_saved_configs(tmp_path: Path) -> None:
     assert ep == parse_endpoint(DECLARATION) and len(members) == 4
     (problem,) = endpoint_problems(jobs)
     assert problem.startswith("bad: endpoint.contrasts=[] is invalid")
+
+
+def test_formats_outside_the_family_are_described_not_tested() -> None:
+    rng = np.random.default_rng(8)
+    jobs = study({}, rng)
+    jobs += [job("bf16_ref", label, seed, 3.0 - (0.1 if label == "manifold[update]" else 0.0) + 0.001 * seed)
+             for seed in range(5) for label in ARMS]
+    result = run(jobs)
+    assert len(result.comparisons) == 8 and result.formats == FORMATS  # the family is what was declared
+    (ref,) = result.outside
+    assert ref.format == "bf16_ref" and ref.test.mean == pytest.approx(-0.1)
+    assert any(line.startswith("Outside the declared family (descriptive, uncorrected; a gain there too is not "
+                               "specific to the 8-bit grids): bf16_ref manifold[update] − adamw Δ = -0.1000")
+               for line in study_lines(result))
