@@ -1,9 +1,10 @@
-"""GridOptim: weights live on their format's grid; each step moves them a whole number of grid points.
+"""GridOptim: weights live on their format's grid; each step moves them to a neighbouring grid value, unbiased.
 
-An inner rule (``sgd`` with momentum, or ``adam``) proposes a real step δ; it is converted to ULPs at w,
-k = δ / S(w), and the weight moves ⌊k⌋ grid points plus one more with probability frac(k) (stochastic rounding in
-ULP units: E[move] = k, so sub-ULP steps still move, with the right probability).  Moves walk across binade
-boundaries exactly (signed-ordinal arithmetic, saturating at ±max).  Pair it with ``quant.master=none``: there
+An inner rule (``sgd`` with momentum, or ``adam``) proposes a step.  With the lr in ULPs it is k grid points and
+the weight moves ⌊k⌋ points plus one more with probability frac(k) (E[points moved] = k, so sub-ULP steps still
+move, with the right probability; walks cross binade edges exactly by signed-ordinal arithmetic).  With the lr in
+real units it is δ in weight units and w + δ is stochastically rounded onto the grid (E[new w] = w + δ, also where
+the grid spacing halves below a binade edge).  Both saturate at ±max.  Pair it with ``quant.master=none``: there
 is no fp32 master copy, the weight tensor *is* the grid value.
 """
 
@@ -32,8 +33,8 @@ _grid_adam_step = fused(grid_adam_step_)  # + Adam's moments, in place
 class GridOptim(QuantAwareOptimizer):
     """Stochastic whole-grid-point steps proposed by an inner SGD-momentum or Adam rule.
 
-    ``lr_unit="ulp"``: δ = −lr·S·(d + wd·w), so k = −lr·(d + wd·w) grid points (d: the inner direction, the
-    momentum buffer or m̂/(√v̂+ε)); ``lr_unit="real"``: δ = −lr·(d + wd·w) in weight units, k = δ/S(w).
+    ``lr_unit="ulp"``: k = −lr·(d + wd·w) grid points (d: the inner direction, the momentum buffer or
+    m̂/(√v̂+ε)); ``lr_unit="real"``: δ = −lr·(d + wd·w) in weight units, w + δ stochastically rounded to the grid.
     The random draws come from a torch.Generator per device seeded with ``seed`` (default: torch.initial_seed(),
     the run seed Lightning's seed_everything sets); its state is part of ``state_dict``, so a resumed run draws
     exactly what an uninterrupted one would.

@@ -66,18 +66,41 @@ def uniform_from_bits(bits: Tensor) -> Tensor:
     return ((bits >> 8) & 0xFFFFFF).float() * 2.0**-24
 
 
+def stochastic_round_move(x: Tensor, delta: Tensor, fmt: Any, uniform: Tensor) -> Tensor:
+    """x + δ stochastically rounded onto the grid: the neighbour below or above the target with probabilities
+    that make E[result] = x + δ exactly (saturating at ±max), whichever binades the move crosses.
+
+    A move's length is measured in the spacing at the target, not at x: below a binade edge 2^e the grid is twice
+    as fine as above it, so a step of δ downward from 2^e is δ / (ulp/2) grid points, not δ / ulp.  The target
+    t = x + δ is rounded in float32; TwoSum recovers that rounding error, so the probability is exact to float32
+    relative to the grid spacing however small δ is.
+    """
+    limit = fmt.max
+    delta = delta.clamp(-2 * limit, 2 * limit)  # past saturation a longer move changes nothing; keeps t finite
+    t = x + delta
+    shift = t - x  # TwoSum: err = (x + δ) − t exactly
+    err = (x - (t - shift)) + (delta - shift)
+    ulp = fmt.ulp(t)
+    low = torch.floor(t / ulp) * ulp  # grid point at or below t (exact: ulp is a power of two)
+    frac = ((t - low) + err) / ulp  # t − low is exact (Sterbenz); frac ∈ [0, 1) up to err's last bit
+    return (low + ulp * torch.floor(frac + uniform)).clamp(-limit, limit)
+
+
 def grid_move(
     w: Tensor, direction: Tensor, grid: Any, seed: Tensor, lr: float, weight_decay: float, real_units: bool,
     second_moment: Tensor | None = None, bc1: float = 1.0, bc2_sqrt: float = 1.0, eps: float = 0.0,
 ) -> Tensor:
-    """GridOptim's per-tensor step: w moved ⌊k⌋ grid points plus one with probability frac(k) (E[move] = k).
+    """GridOptim's per-tensor step from the grid value nearest to w, unbiased in the unit of its learning rate.
 
     The inner rule's direction is d = direction/bc1, divided by √(second_moment)/bc2_sqrt + ε for Adam (so with
-    Adam's moments d = m̂/(√v̂+ε)); the proposed step is δ = −lr·(d + wd·w), in ULPs (``real_units=False``: k = δ)
-    or in w's units (k = δ/S(w), S = ulp(w·s)/s).  ``grid`` gives the format (``grid.spec.format``) and the scale s
-    (``grid.scale_for(w)``).  Uniforms come from the quant core's counter-based hash of (seed, element index): the
-    function is pure, compiles into one loop and materialises nothing random.  Non-finite w or δ give NaN
-    (divergence stays visible).  Returns the new w (w's dtype), exactly on the grid {v / s}.
+    Adam's moments d = m̂/(√v̂+ε)); the proposed step is δ = −lr·(d + wd·w).  ``real_units=False``: δ is a number
+    of grid points k; w moves ⌊k⌋ points plus one with probability frac(k) (E[points moved] = k, on either side
+    of a binade edge).  ``real_units=True``: δ is in w's units; w + δ is stochastically rounded onto the grid
+    (E[new w] = w + δ, across binade edges too; ``stochastic_round_move``).  ``grid`` gives the format
+    (``grid.spec.format``) and the scale s (``grid.scale_for(w)``).  Uniforms come from the quant core's
+    counter-based hash of (seed, element index): the function is pure, compiles into one loop and materialises
+    nothing random.  Non-finite w or δ give NaN (divergence stays visible).  Returns the new w (w's dtype),
+    exactly on the grid {v / s}.
     """
     fmt = grid.spec.format
     scale = grid.scale_for(w).float()
@@ -88,10 +111,12 @@ def grid_move(
     k = (d + weight_decay * w32) * -lr
     x = w32 * scale
     ulp = fmt.ulp(x)
+    uniform = uniform_from_bits(random_bits(w.shape, seed))
     if real_units:
-        k = k * scale / ulp
-    steps = torch.floor(k + uniform_from_bits(random_bits(w.shape, seed)))
-    new = walk(x, steps, fmt, ulp) / scale
+        start = walk(x, torch.zeros_like(x), fmt, ulp)  # the grid value nearest to x
+        new = stochastic_round_move(start, k * scale, fmt, uniform) / scale
+    else:
+        new = walk(x, torch.floor(k + uniform), fmt, ulp) / scale
     return torch.where(torch.isfinite(x) & torch.isfinite(k), new, torch.nan).to(w.dtype)
 
 

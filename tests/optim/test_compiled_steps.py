@@ -17,16 +17,18 @@ from altgrad.optim.manifold import _manifold_step
 from altgrad.quant.layers import weight_grids
 
 
-def _run(monkeypatch: pytest.MonkeyPatch, compiled: bool, inner: str, error_on_recompile: bool = False
-         ) -> list[torch.Tensor]:
+def _run(monkeypatch: pytest.MonkeyPatch, compiled: bool, inner: str, error_on_recompile: bool = False,
+         lr_unit: str = "ulp") -> list[torch.Tensor]:
     monkeypatch.setenv("ALTGRAD_COMPILE", "1" if compiled else "0")
     torch.manual_seed(0)
     net = TinyNet("e4m3", scaling="tensor", dim=16)
-    opt = GridOptim(net.parameters(), lr=0.5, inner=inner, weight_decay=0.1, seed=3, grids=weight_grids(net))
+    lr = 0.5 if lr_unit == "ulp" else 5e-3
+    opt = GridOptim(net.parameters(), lr=lr, inner=inner, lr_unit=lr_unit, weight_decay=0.1, seed=3,
+                    grids=weight_grids(net))
     gen = torch.Generator().manual_seed(1)
     for step in range(8):
         for group in opt.param_groups:  # a schedule: a new lr at every step
-            group["lr"] = 0.5 * (step + 1) / 8 if not group["plain"] else 1e-3
+            group["lr"] = lr * (step + 1) / 8 if not group["plain"] else 1e-3
         for p in net.parameters():
             p.grad = torch.randn(p.shape, generator=gen)
         if step == 1 and error_on_recompile:  # the first steps compile (one graph per tensor rank)
@@ -35,16 +37,16 @@ def _run(monkeypatch: pytest.MonkeyPatch, compiled: bool, inner: str, error_on_r
     return [p.detach().clone() for p in net.parameters()]
 
 
-@pytest.mark.parametrize("inner", ["adam", "sgd"])
-def test_compiled_grid_step_equals_eager_and_never_recompiles(monkeypatch, inner):
-    eager = _run(monkeypatch, compiled=False, inner=inner)
+@pytest.mark.parametrize(("inner", "lr_unit"), [("adam", "ulp"), ("sgd", "ulp"), ("adam", "real")])
+def test_compiled_grid_step_equals_eager_and_never_recompiles(monkeypatch, inner, lr_unit):
+    eager = _run(monkeypatch, compiled=False, inner=inner, lr_unit=lr_unit)
     fused_step = _grid_adam_step if inner == "adam" else _grid_move
     fused_step._failed.clear()  # a compile failure (a recompile, here) would make it fall back to eager quietly
     fused_step._compiled.clear()
     with torch._dynamo.config.patch(error_on_recompile=False):
         torch._dynamo.reset()
         try:
-            compiled = _run(monkeypatch, compiled=True, inner=inner, error_on_recompile=True)
+            compiled = _run(monkeypatch, compiled=True, inner=inner, error_on_recompile=True, lr_unit=lr_unit)
         finally:
             torch._dynamo.config.error_on_recompile = False
     assert "cpu" in fused_step._compiled and not fused_step._failed, "the step fell back to eager"

@@ -94,8 +94,62 @@ def test_whole_point_steps_cross_binade_edges_exactly():
     down = torch.ones_like(w)  # direction +1 with lr n: δ = −n
     assert bool((grid_move(w, down, q, seed, 1.0, 0.0, real_units=False) == 1.0 - 2.0**-4).all())
     assert bool((grid_move(w, down, q, seed, 3.0, 0.0, real_units=False) == 1.0 - 3 * 2.0**-4).all())
-    # in real units the step is converted with the spacing above w: −2^-3 is one ULP, so one point down
-    assert bool((grid_move(w, down, q, seed, 2.0**-3, 0.0, real_units=True) == 1.0 - 2.0**-4).all())
+    # in real units the target w + δ is rounded on the grid below the edge: −2^-3 lands on 1 − 2^-3, two points
+    assert bool((grid_move(w, down, q, seed, 2.0**-3, 0.0, real_units=True) == 1.0 - 2.0**-3).all())
+    # and a target past a second edge is rounded at that binade's spacing (exact: 0.375 is on the grid)
+    assert bool((grid_move(w, down, q, seed, 0.625, 0.0, real_units=True) == 0.375).all())
+
+
+N_DRAWS = 1 << 17  # ≥ 10^5 independent draws per case (one per element; the uniforms hash the element index)
+
+
+def mean_move_and_se(moves: torch.Tensor) -> tuple[float, float]:
+    moves = moves.double()
+    return moves.mean().item(), (moves.std() / len(moves) ** 0.5).item()
+
+
+@pytest.mark.parametrize("scaling", ["none", "tensor"])
+@pytest.mark.parametrize("delta", [-0.0625, 0.0625, -0.3, 0.3, -0.6, 0.6, -0.01, 0.01])
+def test_real_unit_moves_are_unbiased_at_a_binade_edge(delta, scaling):
+    """w at a binade edge (1.0, or 2^-6 under per-tensor scaling), proposals down and up of sub-ULP size, of
+    several points, and across a second edge: the mean move is the proposal within 4 standard errors."""
+    q = quantizer("e4m3", scaling)
+    edge = 1.0 if scaling == "none" else 2.0**-6
+    w = torch.full((N_DRAWS,), edge)
+    if scaling == "tensor":
+        w[0] = 2.0**-2  # the tensor's amax: the scale (a power of two) keeps 2^-6 at a binade edge
+    direction = torch.full_like(w, -1.0)  # δ = −lr·direction = lr
+    new = grid_move(w, direction, q, torch.tensor(11, dtype=torch.int32), delta * edge, 0.0, real_units=True)
+    assert on_grid(new, q)
+    mean, se = mean_move_and_se((new - w)[1:] / edge)
+    assert abs(mean - delta) <= 4 * se, (mean, delta, se)  # se = 0: the target is a grid point, hit exactly
+    assert se < abs(delta) / 10  # the test can see a bias of a tenth of the step (the old one was half)
+
+
+@pytest.mark.parametrize("k", [-0.5, 0.5, -2.5, 2.5, -0.1, 0.1])
+def test_ulp_unit_moves_are_unbiased_in_grid_points_at_a_binade_edge(k):
+    """lr in ULPs: a proposal of k grid points moves k points on average, down (where points are 2^-4 apart)
+    as up (2^-3 apart) from 1.0."""
+    q = quantizer("e4m3", "none")
+    fmt = q.spec.format
+    w = torch.full((N_DRAWS,), 1.0)
+    new = grid_move(w, torch.full_like(w, -1.0), q, torch.tensor(5, dtype=torch.int32), k, 0.0, real_units=False)
+    points = (grid_ordinal(new, fmt) - grid_ordinal(w, fmt)).double()
+    mean, se = mean_move_and_se(points)
+    assert abs(mean - k) <= 4 * se, (mean, k, se)
+
+
+def test_the_optimizer_step_is_unbiased_at_a_binade_edge_in_real_units():
+    """Through GridOptim.step (inner sgd, no momentum): the issue's case, ±0.0625 at w = 1.0 in e4m3 (E[Δ] was
+    −0.0311 downward: the spacing above w was used), and ±0.03, a fraction of a point either way."""
+    for delta in (-0.0625, 0.0625, -0.03, 0.03):
+        q = quantizer("e4m3", "none")
+        p = torch.nn.Parameter(torch.ones(N_DRAWS))
+        opt = GridOptim([p], lr=abs(delta), lr_unit="real", inner="sgd", momentum=0.0, seed=9, grids={p: q})
+        p.grad = torch.full_like(p, -1.0 if delta > 0 else 1.0)  # δ = −lr·g
+        opt.step()
+        mean, se = mean_move_and_se(p.detach() - 1.0)
+        assert abs(mean - delta) <= 4 * se, (delta, mean, se)
 
 
 def test_same_seed_same_moves_and_another_seed_other_moves():
