@@ -90,7 +90,7 @@ def write_report(sweep_dirs: Sequence[str | os.PathLike[str]], out_dir: str | os
         "",
         "## Findings",
         "",
-        findings(sweep, cells, benefits, attributions, threshold, studies),
+        findings(sweep, cells, benefits, attributions, threshold, studies, rule),
         "",
     ]
     for experiment, result in studies:

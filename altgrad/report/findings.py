@@ -17,7 +17,7 @@ from altgrad.report.load import STATES, Sweep
 from altgrad.report.order import FORMAT_ORDER, REFERENCE_FORMATS, rank
 from altgrad.report.stages import FormatAttribution
 from altgrad.report.stats import holm, spearman
-from altgrad.report.study import StudyResult
+from altgrad.report.study import SameGrid, StudyResult, grid_classes
 from altgrad.report.tables import ci_text, num, sig
 
 STALL = "mean_stall_ratio"
@@ -54,18 +54,25 @@ def _holm_marks(benefits: Sequence[Benefit]) -> dict[int, float]:
     return {id(b): p for b, p in zip(benefits, adjusted)}
 
 
-def answer(benefits: Sequence[Benefit], alpha: float = 0.05) -> list[str]:
-    """An undeclared sweep's answer: exploratory, Holm-corrected over all its comparisons, and never a ranking."""
+def answer(benefits: Sequence[Benefit], alpha: float = 0.05, same_grid: SameGrid | None = None) -> list[str]:
+    """An undeclared sweep's answer: exploratory, Holm-corrected over all its comparisons, and never a ranking.
+    Formats that share a grid are one arm: only the first in report order enters the family."""
     _label = _labeller(benefits)
     references = [b for b in benefits if b.treatment["format"] in REFERENCE_FORMATS]
     benefits = [b for b in benefits if b.treatment["format"] not in REFERENCE_FORMATS]
     if not benefits:
         return [("**Not established:** no 8-bit format has both AdamW and a ULP-aware optimizer (manifold, "
                  "grid, madam) in the same storage, so no benefit can be computed.")] + _reference_line(references)
+    classes = {r: m for r, m in grid_classes([b.treatment["format"] for b in benefits], same_grid).items()
+               if len(m) > 1}
+    merged_lines = [f"{', '.join(m)} give the same grid under the runs' scaling: one arm, counted once (as {r}); "
+                    "the other rows repeat it and are not independent evidence." for r, m in classes.items()]
+    duplicates = {f for m in classes.values() for f in m[1:]}
+    benefits = [b for b in benefits if b.treatment["format"] not in duplicates]
     adjusted = _holm_marks(benefits)
     lines = [f"Exploratory: these sweeps declare no primary endpoint (an `endpoint:` in the experiment file), so "
              f"every one of the {len(benefits)} 8-bit comparisons below is one family, Holm-corrected at "
-             f"α = {alpha:g}, and no ranking of formats is claimed."]
+             f"α = {alpha:g}, and no ranking of formats is claimed."] + merged_lines
     improving = sorted((b for b in benefits if adjusted[id(b)] < alpha and (b.diff.diff.mean or 0.0) < 0),
                        key=lambda b: b.diff.diff.mean)
     if improving:
@@ -170,7 +177,7 @@ def why_lines(benefits: Sequence[Benefit], cells: Sequence[Cell]) -> list[str]:
 
 def findings(sweep: Sweep, cells: Sequence[Cell], benefits: Sequence[Benefit],
              attributions: Sequence[FormatAttribution], threshold: float = 0.0,
-             studies: Sequence[tuple[str | None, StudyResult]] = ()) -> str:
+             studies: Sequence[tuple[str | None, StudyResult]] = (), same_grid: SameGrid | None = None) -> str:
     """The Findings section body (markdown bullets): the declared studies' answers when there are any, else the
     exploratory, Holm-corrected one."""
     lines = evidence_base(sweep, cells)
@@ -178,7 +185,7 @@ def findings(sweep: Sweep, cells: Sequence[Cell], benefits: Sequence[Benefit],
         for experiment, result in studies:
             lines += study_lines(result, experiment)
     else:
-        lines += answer(benefits)
+        lines += answer(benefits, same_grid=same_grid)
     lines += failure_lines(attributions, threshold) + why_lines(benefits, cells)
     return "\n".join(f"- {line}" for line in lines)
 

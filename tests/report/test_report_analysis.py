@@ -203,3 +203,18 @@ def test_stability_threshold_from_lr_scan(tmp_path: Path) -> None:
     (t,) = stability_thresholds(group_cells(load_sweeps([tmp_path]).jobs))
     assert t.lrs == (1e-3, 3e-3, 1e-2, 3e-2)
     assert (t.largest_stable, t.smallest_diverged) == (1e-3, 3e-3)
+
+
+def test_undeclared_findings_count_formats_sharing_a_grid_once(tmp_path: Path) -> None:
+    for seed in range(3):
+        for fmt in ("e0m7", "e1m6"):  # the same grid: one arm run twice
+            write_job(tmp_path / f"{fmt}a{seed}", fmt=fmt, optimizer="adamw", seed=seed, final=3.0 + 0.01 * seed)
+            write_job(tmp_path / f"{fmt}m{seed}", fmt=fmt, optimizer="manifold", seed=seed,
+                      final=2.9 + 0.012 * seed)
+    benefits = ulp_benefits(group_cells(load_sweeps([tmp_path]).jobs))
+    same = {frozenset(("e0m7", "e1m6"))}
+    lines = answer(benefits, same_grid=lambda a, b: frozenset((a, b)) in same)
+    assert "1 8-bit comparisons" in lines[0]
+    assert lines[1].startswith("e0m7, e1m6 give the same grid under the runs' scaling: one arm, counted once (as "
+                               "e0m7)")
+    assert "2 8-bit comparisons" in answer(benefits)[0]
