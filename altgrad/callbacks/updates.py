@@ -6,7 +6,7 @@ storage rounding. For a fixed random sample of each tensor (``max_weights_per_te
 host syncs: |Δw|/S(w) (S: the weight's spacing on the grid and scale the step's forward used), |Δw|/|w| and the |w|
 decile. At the end of training the samples are moved to the host once and reduced into
 ``summary.json["diagnostics"]`` (altgrad/diagnostics/ulp_updates.py): ulp_update_q10/q50/q90, sub_half_ulp_share
-and rel_update_d1 … d10.
+and rel_update_d1 … d10. The samples live in memory only: after a resume the aggregates cover the steps run since.
 """
 
 from __future__ import annotations
