@@ -302,13 +302,14 @@ def extension_lrs(pick: LrPick, n: int = 2) -> list[float]:
     return out
 
 
-_NOT_REPEATED = ("optimizer.lr", "seed", "resume_sweep", "+resume_sweep", "hydra.")
+_NOT_REPEATED = ("seed", "resume_sweep", "+resume_sweep", "hydra.")
 
 
 def extension_command(pick: LrPick) -> str:
     """One `python -m altgrad.train` command that runs the extension lrs on the cell's tuning seeds, into the
     same sweep folder (a job dir's parent; job dirs named as Hydra names the scan's own), skipping what already
-    finished (+resume_sweep=true)."""
+    finished (+resume_sweep=true). The lrs go to the key the scan swept: optimizer.lr, or baseline.lr (AdamW's
+    lr) where a scan swept that instead."""
     job = next((j for j in pick.jobs if j.overrides), None)
     if job is None:
         raise ValueError(f"{pick.cell}: no job has .hydra/overrides.yaml to repeat; run its extension by hand with "
@@ -317,11 +318,12 @@ def extension_command(pick: LrPick) -> str:
         raise ValueError(f"{pick.cell}: its sweep numbers its job dirs ({job.path}), so extension jobs would take "
                          "the numbers of finished ones; scan as a named experiment (job dirs named by their "
                          "overrides, e.g. experiment=lr_scan), or run the extension into a new folder by hand")
-    kept = [o for o in job.overrides if not o.split("=", 1)[0].startswith(_NOT_REPEATED)]
+    keys = [o.split("=", 1)[0] for o in job.overrides]
+    lr_key = "baseline.lr" if "baseline.lr" in keys and "optimizer.lr" not in keys else "optimizer.lr"  # AdamW's
+    kept = [o for o, k in zip(job.overrides, keys) if not k.startswith((*_NOT_REPEATED, lr_key))]
     lrs = ",".join(f"{x:g}" for x in extension_lrs(pick))
     seeds = ",".join(str(s) for s in pick.seeds)
-    args = [*kept, f"optimizer.lr={lrs}", f"seed={seeds}", f"hydra.sweep.dir={job.path.parent}",
-            "+resume_sweep=true"]
+    args = [*kept, f"{lr_key}={lrs}", f"seed={seeds}", f"hydra.sweep.dir={job.path.parent}", "+resume_sweep=true"]
     named_experiment = any(o.startswith("experiment=") for o in kept)  # experiments are multiruns by themselves
     return "python -m altgrad.train " + ("" if named_experiment else "-m ") + " ".join(shlex.quote(a) for a in args)
 

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -168,3 +172,26 @@ def test_a_command_line_lr_changes_the_adamw_arm_only():
     assert composed_optimizer("optimizer=adamw", "optimizer.lr=1e-4")["lr"] == 1e-4
     manifold = composed_optimizer("optimizer=manifold", "baseline.lr=1e-4")
     assert manifold["plain_lr"] == 1e-4 and manifold["lr"] == 1.0
+
+
+# -- through the real entry point -----------------------------------------------------------------------------------
+TINY = ["model.n_layer=1", "model.n_head=2", "model.n_embd=32", "model.block_size=32", "data.batch_size=4",
+        "data.corpus_chars=200000", "data.val_batches=2", "schedule.warmup_steps=1", "trainer.max_steps=3",
+        "trainer.val_check_interval=3", "trainer.checkpoint_every_n_steps=3", "trainer.sample_tokens=0",
+        "logger=csv", "callbacks=none"]
+
+
+def test_the_control_trains_through_the_entry_point_on_the_wide_reference(tmp_path):
+    """optimizer=relative on format=bf16_ref: a completed run whose grid-less tensors took the baseline's lr."""
+    env = {**os.environ, "ALTGRAD_COMPILE": "0", "ALTGRAD_CACHE": str(tmp_path / "cache"), "WANDB_MODE": "offline",
+           "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HYDRA_FULL_ERROR": "0"}
+    run_dir = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-m", "altgrad.train", *TINY, "optimizer=relative", "format=bf16_ref",
+                           "baseline.lr=2e-3", f"hydra.run.dir={run_dir}"], cwd=CONF.parent, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["optimizer_label"] == "relative"
+    groups = summary["optimizer_groups"]  # rule: the block's 4 matmul weights and wte (tied to the quantized head)
+    assert groups["plain_lr"] == 2e-3 and groups["rule_tensors"] == 5
+    assert summary["config"]["format"]["name"] == "bf16" and summary["config"]["format"]["grad"] is None

@@ -235,6 +235,21 @@ def test_a_real_scan_is_refused_at_its_edge_then_extended_into_the_same_folder(t
     assert pick.scanned == (1e-4, 3e-4, 1e-3, 3e-3)
 
 
+def test_an_adamw_scan_over_the_baseline_lr_is_extended_over_the_baseline_lr(tmp_path: Path) -> None:
+    fake_scan(tmp_path / "tmp", scan("adamw", "e4m3", {1e-3: 2.4, 3e-3: 2.3, 1e-2: 2.2}))
+    for i, lr in enumerate((1e-3, 3e-3, 1e-2)):
+        job = tmp_path / "sweep" / f"baseline.lr={lr},format=e4m3,optimizer=adamw,seed=101"
+        shutil.copytree(tmp_path / "tmp" / str(i), job)
+        job.joinpath(".hydra").mkdir()
+        job.joinpath(".hydra", "overrides.yaml").write_text(yaml.safe_dump(
+            ["experiment=study_cpu_tune", "format=e4m3", "optimizer=adamw", f"baseline.lr={lr}", "seed=101"]))
+    script = tmp_path / "x.sh"
+    assert main([str(tmp_path / "sweep"), "--table", str(tmp_path / "t.yaml"), "--extend", str(script)]) == 2
+    assert script.read_text().splitlines()[-1] == (
+        "python -m altgrad.train experiment=study_cpu_tune format=e4m3 optimizer=adamw baseline.lr=0.03,0.1 "
+        f"seed=101 hydra.sweep.dir={tmp_path / 'sweep'} +resume_sweep=true")
+
+
 def test_a_numbered_sweep_cannot_be_extended_in_place(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     runs = scan("adamw", "e4m3", {1e-3: 2.3, 3e-3: 2.2})
     sweep = fake_scan(tmp_path / "sweep", runs, overrides=True)
