@@ -21,8 +21,9 @@ from altgrad.optim.stiffness import Grid
 class Madam(QuantAwareOptimizer):
     """The paper's Algorithm (and the authors' reference code) as a multi-tensor step.
 
-    ``lr`` is the relative step in units of ĝ (the paper's default 0.01).  ``weight_decay`` applies to the plain
-    AdamW groups only: the multiplicative rule is bounded by ``p_scale`` instead, as in the paper.  With ``grids``
+    ``lr`` is the relative step in units of ĝ (the paper's default 0.01).  The multiplicative rule has no weight
+    decay (it is bounded by ``p_scale``, as in the paper); ``weight_decay`` is the plain AdamW groups' decay unless
+    ``plain_weight_decay`` is given (the configs give the baseline's).  With ``grids``
     given, the rule updates the quantized weights and everything else is plain AdamW (like the other ULP-aware
     optimizers); ``grids=None`` applies the rule to every parameter (zero-initialised ones would never move).
     """
