@@ -65,3 +65,56 @@ def test_study_debug_twin_runs_end_to_end(tmp_path: Path, env: dict[str, str]) -
     assert "| manifold[update] − adamw | e4m3 | 1/0.003 | 2 | 0 of 2 / 0 of 2 |" in text
     assert "Which format benefits most: **not established**" in text
     assert "### Update sizes in ULPs and speed" in text
+
+
+STUDY = {"study_cpu_pilot": 2, "study_cpu_tune": 7 * 4, "study_cpu": 7 * 3 * 5, "study_cpu_debug": 7 * 3 * 2}
+FORMATS = ["bf16_ref", "e0m7", "e3m4", "e4m3", "e5m2", "p3109_p2", "e7m0"]
+
+
+@pytest.fixture(scope="module")
+def compose():
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        yield lambda *o: hydra_compose(config_name="train", overrides=list(o), return_hydra_config=True)
+    GlobalHydra.instance().clear()
+
+
+def test_study_experiments_plan_their_documented_grids(compose) -> None:
+    from omegaconf import OmegaConf
+
+    from altgrad.config import ConfigError, validate
+    from altgrad.report.endpoint import parse_endpoint
+    from altgrad.sweep.plan import plan_config
+
+    for name, n_jobs in STUDY.items():
+        cfg = compose(f"experiment={name}")
+        jobs = plan_config(cfg, [f"experiment={name}"])
+        assert len(jobs) == n_jobs, name
+        assert len({j.subdir for j in jobs}) == n_jobs and all("seed=" in j.subdir for j in jobs), name
+    full, debug = compose("experiment=study_cpu"), compose("experiment=study_cpu_debug")
+    grid = OmegaConf.to_container(full.hydra.sweeper.params)
+    assert grid["format"].split(",") == FORMATS and grid["optimizer"] == "adamw,manifold,relative"
+    assert grid["seed"] == "1,2,3,4,5"  # disjoint from the tuning seed
+    assert compose("experiment=study_cpu_tune").hydra.sweeper.params.seed == "101"
+    # the twin declares the same endpoint (but for its horizon) over the same grid
+    ep_full = parse_endpoint(OmegaConf.to_container(full.endpoint, resolve=True))
+    ep_debug = parse_endpoint(OmegaConf.to_container(debug.endpoint, resolve=True))
+    assert (ep_full.horizon, ep_debug.horizon) == (600, 5)
+    assert ep_full.contrasts == ep_debug.contrasts and ep_full.formats == ep_debug.formats
+    assert OmegaConf.to_container(debug.hydra.sweeper.params)["format"] == grid["format"]
+    # every job of the twin validates; the evaluation itself runs only once the tuning wrote its table
+    for fmt in FORMATS:
+        for opt in ("adamw", "manifold", "relative"):
+            validate(compose("experiment=study_cpu_debug", f"format={fmt}", f"optimizer={opt}"), paths=False)
+    evaluation = compose("experiment=study_cpu", "format=e4m3", "optimizer=manifold")
+    if (REPO / "conf" / "experiment" / "optim" / "tuned" / "study_cpu.yaml").is_file():
+        validate(evaluation, paths=False)
+        assert evaluation.optimizer.lr == evaluation.tuned_lr.e4m3.manifold
+        assert evaluation.optimizer.plain_lr == evaluation.tuned_lr.e4m3.plain
+    else:
+        with pytest.raises(ConfigError, match="tuned_lr.e4m3.manifold"):
+            validate(evaluation, paths=False)
