@@ -255,3 +255,13 @@ def test_a_numbered_sweep_cannot_be_extended_in_place(tmp_path: Path, capsys: py
     sweep = fake_scan(tmp_path / "sweep", runs, overrides=True)
     assert main([str(sweep), "--table", str(tmp_path / "t.yaml"), "--extend", str(tmp_path / "x.sh")]) == 2
     assert "numbers its job dirs" in capsys.readouterr().err and not (tmp_path / "x.sh").exists()
+
+
+def test_a_grown_table_does_not_stop_a_resumed_sweep() -> None:
+    """A rerun after lr_pick merged more picks into the table sees the same lrs in the config: not another run."""
+    from altgrad.sweep.resume import config_differences
+
+    stored = {"optimizer": {"lr": 1.0}, "baseline": {"lr": 3e-3}, "tuned_lr": {"e4m3": {"plain": 3e-3}}}
+    grown = {**stored, "tuned_lr": {"e4m3": {"plain": 3e-3, "manifold": 1.0}, "e5m2": {"plain": 1e-2}}}
+    assert config_differences(stored, grown) == []
+    assert config_differences(stored, {**grown, "baseline": {"lr": 1e-2}}) == ["baseline.lr: 0.003 → 0.01"]
