@@ -6,8 +6,9 @@ equally, among lrs scanned in every format). The pick is the candidate with the 
 (nothing is written, exit 2) when
 
 - it sits at an edge of the scanned grid (the lowest lr, or the highest with no diverged lr above it), so the
-  optimum may lie outside; ``--extend FILE`` then writes the commands of an extension scan (two more lrs beyond
-  the edge at the grid's own ratio, same tuning seeds, into the same sweep folder, resumable), or
+  optimum may lie outside, or (per format) no lr is stable at all; ``--extend FILE`` then writes the commands of
+  an extension scan (two more lrs beyond the edge at the grid's own ratio, below the grid when nothing was stable;
+  same tuning seeds, into the same sweep folder, resumable), or
 - a tuning run's seed is also an evaluation seed (``--eval-seeds``), or
 - (``--table``) an arm's tuning runs stepped their grid-less parameters at another lr than AdamW's pick in that
   format (the plain groups must step as the baseline does: tune adamw first, then the other arms with
@@ -37,7 +38,7 @@ import shlex
 import sys
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import yaml
@@ -184,8 +185,14 @@ def pick_per_format(jobs: Iterable[Job], *, eval_seeds: Iterable[int] = (), min_
             runs[key][job.lr].append(job)
             labels[key] = job.optimizer_label
     seeds = frozenset(int(s) for s in eval_seeds)
-    return {key: _pick(labels[key], by_lr, False, key[0], key[1], seeds, min_lrs)
-            for key, by_lr in sorted(runs.items())}
+    picks = {}
+    for key, by_lr in sorted(runs.items()):
+        pick = _pick(labels[key], by_lr, False, key[0], key[1], seeds, min_lrs)
+        if pick.lr is None and pick.refusal is None:  # a table needs every cell: look below the unstable lrs
+            pick = replace(pick, edge="low", refusal="no scanned lr completed on every tuning seed; scan lower "
+                                                     "(--extend FILE writes the jobs)")
+        picks[key] = pick
+    return picks
 
 
 # -- the tuned-lr table ---------------------------------------------------------------------------------------------
@@ -330,8 +337,8 @@ def extension_command(pick: LrPick) -> str:
 
 def write_extension(path: Path, picks: Iterable[LrPick]) -> int:
     """Write a bash script of extension commands for the picks at an edge; return how many it holds."""
-    commands = [f"# {p.cell}: best lr {p.lr:g} at the {p.edge} edge\n{extension_command(p)}"
-                for p in picks if p.edge is not None and p.lr is not None]
+    commands = [f"# {p.cell}: {'no stable lr' if p.lr is None else f'best lr {p.lr:g}'} at the {p.edge} edge\n"
+                f"{extension_command(p)}" for p in picks if p.edge is not None]
     if commands:
         path.write_text("#!/usr/bin/env bash\n# Extension scans written by altgrad.sweep.lr_pick: rerunnable (finished "
                         "jobs are skipped); then run lr_pick again.\nset -e\n" + "\n".join(commands) + "\n")

@@ -250,6 +250,16 @@ def test_an_adamw_scan_over_the_baseline_lr_is_extended_over_the_baseline_lr(tmp
         f"seed=101 hydra.sweep.dir={tmp_path / 'sweep'} +resume_sweep=true")
 
 
+def test_a_cell_where_every_lr_diverged_is_refused_and_extended_below(tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture) -> None:
+    runs = scan("manifold[update]", "e7m0", {1.0: None, 3.0: None}, plain=5e-3)
+    sweep = fake_scan(tmp_path / "sweep", runs, overrides=True, numbered=False)
+    script = tmp_path / "x.sh"
+    assert main([str(sweep), "--table", str(tmp_path / "t.yaml"), "--extend", str(script)]) == 2
+    assert "manifold in e7m0: no scanned lr completed on every tuning seed; scan lower" in capsys.readouterr().err
+    assert "optimizer.lr=0.3,0.1 seed=101" in script.read_text() and not (tmp_path / "t.yaml").exists()
+
+
 def test_a_numbered_sweep_cannot_be_extended_in_place(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     runs = scan("adamw", "e4m3", {1e-3: 2.3, 3e-3: 2.2})
     sweep = fake_scan(tmp_path / "sweep", runs, overrides=True)
