@@ -63,6 +63,8 @@ JOBS: tuple[Job, ...] = (
     Job("e4m3 sweep job 2 (basic)", ("format=e4m3",), kind="sweep"),
     Job("e4m3 sweep job 2 (joblib)", ("format=e4m3", "hydra/launcher=joblib", "hydra.launcher.n_jobs=1"),
         kind="sweep"),
+    # the per-shape static compiles of the quantizer calls (altgrad/quant/fused.py) switched off
+    Job("e4m3 no static compiles", ("format=e4m3",), default=False, env=(("ALTGRAD_STATIC_AFTER", "0"),)),
     # the CPU preset refuses trainer.compile=true; these rows are the measurement behind that
     Job("fp32 compile", ("trainer.compile=true",), default=False, env=(("ALTGRAD_CPU_COMPILE", "1"),)),
     Job("e4m3 compile", ("format=e4m3", "trainer.compile=true"), default=False,
