@@ -113,6 +113,9 @@ class DataSchema:
         for key in ("block_size", "batch_size", "val_batches", "corpus_chars"):
             _check(getattr(self, key) >= 1, f"data.{key}", getattr(self, key), "an integer >= 1")
         _check(self.num_workers >= 0, "data.num_workers", self.num_workers, "an integer >= 0")
+        for key in ("seed", "corpus_seed"):
+            _check(0 <= getattr(self, key) <= 2**32 - 1, f"data.{key}", getattr(self, key),
+                   "an integer in [0, 4294967295]")
         _check(0.0 < self.val_fraction < 1.0, "data.val_fraction", self.val_fraction, "a float in (0, 1)")
         if self.source == "hub":
             _check(bool(self.hub_path), "data.hub_path", self.hub_path, "a Hugging Face dataset path or folder")
@@ -307,7 +310,10 @@ SCALARS: dict[str, tuple[type, ...]] = {
     "run_name": (str,),
     "experiment_name": (str, type(None)),
     "resume_sweep": (bool, type(None)),  # +resume_sweep=true: skip the jobs of a rerun sweep that finished before
+    # +resume_with_new_config=true: resume ckpt_path under another configuration on purpose (altgrad/resume_check.py)
+    "resume_with_new_config": (bool, type(None)),
 }
+SEED_RANGE = (0, 2**32 - 1)  # what numpy, torch and Lightning's seed_everything all accept
 
 
 def _section_error(section: str, err: OmegaConfBaseException) -> ConfigError:
@@ -370,6 +376,9 @@ def validate(cfg: DictConfig, *, paths: bool = True) -> dict[str, Any]:
             value = None
         _check(isinstance(value, types), key, value, " or ".join(
             {int: "an integer", str: "a string", bool: "true or false", type(None): "null"}[t] for t in types))
+    seed = _resolved(cfg, "seed") if "seed" in cfg else None
+    _check(SEED_RANGE[0] <= seed <= SEED_RANGE[1], "seed", seed,
+           f"an integer in [{SEED_RANGE[0]}, {SEED_RANGE[1]}] (2**32 - 1)")
     for key in TARGET_MAPPINGS:
         # Not resolved: their entries may point at ${paths.output_dir}, which only resolves inside a Hydra job.
         node = cfg.get(key)
@@ -392,10 +401,20 @@ def validate(cfg: DictConfig, *, paths: bool = True) -> dict[str, Any]:
             out[key] = OmegaConf.to_object(OmegaConf.merge(schema, plain))
         except OmegaConfBaseException as err:
             raise _section_error(key, err) from None
+    _check_combinations(out)
     ckpt = cfg.get("ckpt_path")
     if ckpt is not None:
         resolve_checkpoint(ckpt)
     return out
+
+
+def _check_combinations(sections: dict[str, Any]) -> None:
+    """Settings valid alone that cannot work together."""
+    optimizer, quant = sections.get("optimizer"), sections.get("quant")
+    target = str(getattr(optimizer, "_target_", ""))
+    if target.rsplit(".", 1)[-1] == "GridOptim" and quant is not None and quant.master != "none":
+        raise ConfigError(f"optimizer={optimizer.name} moves weights between grid points and needs them stored on "
+                          f"the grid; quant.master={quant.master!r} is not valid with it; valid: quant.master=none")
 
 
 def resolve_checkpoint(path: str | os.PathLike) -> Path:

@@ -2,12 +2,14 @@
 
 Checks, in order: the overrides parse; every `group=option` names an existing option (sweeps included); and, for
 each combination of a small sweep (or the single run), the composed config passes `altgrad.config.validate`.
-Anything this does not catch is still caught by train() and by Hydra itself.
+Anything this does not catch is still caught by train() and by Hydra itself. `check_step_memory` runs in train(),
+once the vocabulary is known: a block size no machine here could train stops before the sanity check.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from altgrad.config import ConfigError, validate
 
@@ -97,3 +99,50 @@ def check_overrides(argv: list[str], conf_dir: Path, config_name: str = "train")
                 return f"cannot compose the config: {_one_line(err)}"
     GlobalHydra.instance().clear()
     return None
+
+
+# Float32 values a training step keeps per token: about 12 per channel per block (inputs of the attention and MLP
+# GEMMs, their outputs, the GELU, the residual stream) and about 4 per vocabulary entry (logits, softmax, gradient).
+# A lower bound on purpose: a run refused by it could never have fit.
+PER_CHANNEL_PER_BLOCK = 12
+PER_VOCAB = 4
+
+
+def step_memory_bytes(batch_size: int, block_size: int, n_layer: int, n_embd: int, vocab_size: int,
+                      bytes_per_value: int = 4) -> int:
+    """A lower bound on the activation memory one training step of the GPT needs (bytes)."""
+    tokens = batch_size * block_size
+    return tokens * (n_layer * PER_CHANNEL_PER_BLOCK * n_embd + PER_VOCAB * vocab_size) * bytes_per_value
+
+
+def available_memory(accelerator: str) -> int | None:
+    """Bytes a run can use: the GPU's total memory for gpu/cuda, else the host's MemAvailable (None: unknown)."""
+    if accelerator in ("gpu", "cuda"):
+        import torch
+
+        if torch.cuda.is_available():
+            return int(torch.cuda.mem_get_info()[1])
+        return None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def check_step_memory(cfg: Any, vocab_size: int, available: int | None = None) -> None:
+    """ConfigError (one line) when one training step cannot fit in memory: before the sanity check would sit in a
+    kernel for minutes (and ignore Ctrl-C) or the kernel's OOM killer would end the run without a summary."""
+    m, batch = cfg.model, int(cfg.data.batch_size)
+    half = str(cfg.trainer.precision).startswith(("bf16", "16"))
+    need = step_memory_bytes(batch, int(m.block_size), int(m.n_layer), int(m.n_embd), int(m.vocab_size or vocab_size),
+                             2 if half else 4)
+    available = available_memory(str(cfg.trainer.accelerator)) if available is None else available
+    if available is not None and need > available:
+        raise ConfigError(f"model.block_size={m.block_size} with data.batch_size={batch} needs at least "
+                          f"{need / 2**30:.1f} GiB of activations per training step, more than the "
+                          f"{available / 2**30:.1f} GiB available; valid: a smaller model.block_size or "
+                          "data.batch_size (or a larger machine)")

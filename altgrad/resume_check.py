@@ -27,6 +27,8 @@ STATE_KEYS = ("seed", "model", "format", "layer_map", "quant.master", "quant.sto
 # Below STATE_KEYS, keys that say where data is cached or how it is loaded, not what it is.
 NOT_STATE = ("data.cache_dir", "data.num_workers")
 OVERRIDE = "resume_with_new_config"
+# The model's tensor shapes (and what the weights mean): never overridable, the weights would not fit.
+SHAPE_KEYS = ("model.block_size", "model.vocab_size", "model.n_layer", "model.n_head", "model.n_embd", "model.bias")
 
 
 class CheckpointError(ConfigError):
@@ -90,8 +92,8 @@ def read_checkpoint(path: str | os.PathLike, key: str = "ckpt_path") -> dict[str
         raise CheckpointError(f"{key}={str(path)!r} holds Python objects beyond tensors and plain containers, which "
                               "AltGrad checkpoints never do; not loaded (unpickling it could run code)") from None
     except (RuntimeError, OSError, EOFError, ValueError, zipfile.BadZipFile, KeyError, AttributeError) as err:
-        raise CheckpointError(f"{key}={str(path)!r} is not a readable PyTorch checkpoint ({type(err).__name__}: "
-                              "corrupt, truncated or another kind of file); give another checkpoint, or drop "
+        raise CheckpointError(f"{key}={str(path)!r} is not a readable PyTorch checkpoint (corrupt, truncated or "
+                              f"another kind of file: {type(err).__name__}); give another checkpoint, or drop "
                               "ckpt_path to start fresh") from None
     if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("state_dict"), dict) \
             or "global_step" not in checkpoint or "optimizer_states" not in checkpoint:
@@ -118,6 +120,11 @@ def plan_resume(path: str | os.PathLike, current: dict[str, Any], max_steps: int
         return plan
     plan.differences = config_differences(plan.stored_config, current)
     plan.optimizer_changed = any(d.startswith("optimizer.") for d in plan.differences)
+    shape = [d for d in plan.differences if d.split(":", 1)[0] in SHAPE_KEYS]
+    if shape:
+        raise CheckpointError(f"ckpt_path={str(path)!r} holds another model shape ({'; '.join(shape)}): its weights "
+                              "cannot resume this model, with or without +resume_with_new_config; drop ckpt_path to "
+                              "start fresh, or resume with the checkpoint's model settings")
     if plan.differences and not current.get(OVERRIDE):
         shown = "; ".join(plan.differences[:4]) + (f"; … ({len(plan.differences)} keys)"
                                                    if len(plan.differences) > 4 else "")

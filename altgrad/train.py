@@ -63,6 +63,7 @@ def build_callbacks(cfg: DictConfig, run_dir: Path, resume: ResumePlan | None = 
 
     from altgrad.callbacks.fake_quant import FakeQuantCallback
     from altgrad.callbacks.fingerprint import FingerprintCallback
+    from altgrad.callbacks.range_warning import RangeWarning
 
     # Quantization surgery comes first: every other callback sees the quantized model, and (master=none) the
     # weights are back on their grid before any instrument reads them after a step.
@@ -71,6 +72,7 @@ def build_callbacks(cfg: DictConfig, run_dir: Path, resume: ResumePlan | None = 
                               storage_rounding=cfg.quant.storage_rounding, seed=cfg.seed, run_dir=run_dir,
                               stats=cfg.quant.get("stats", "demand"))
     callbacks = [quant, FingerprintCallback(), *_instantiate_mapping(cfg.get("callbacks"))]
+    callbacks.append(RangeWarning())
     callbacks.append(LastCheckpoint(run_dir / "checkpoints", cfg.trainer.checkpoint_every_n_steps,
                                     config=OmegaConf.to_container(cfg, resolve=True), resume=resume))
     if not any(isinstance(c, ProgressBar) for c in callbacks):
@@ -225,6 +227,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     any other failure during the run is recorded as status "failed" with its error in summary.json, then re-raised.
     """
     from altgrad.interrupts import GUARD, RunInterrupted, signal_name
+    from altgrad.preflight import check_step_memory
     from altgrad.resume_check import plan_resume
     from altgrad.run_dir import claim, resumes_here
 
@@ -255,6 +258,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         if cfg.trainer.keep_freed_memory:
             keep_freed_memory()
         datamodule = hydra.utils.instantiate(cfg.data, _convert_="all")
+        check_step_memory(cfg, datamodule.vocab_size)
         module = build_module(cfg, datamodule.vocab_size)
         callbacks = build_callbacks(cfg, run_dir, resume=plan)
         loggers = build_loggers(cfg, run_dir)

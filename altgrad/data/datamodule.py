@@ -8,6 +8,7 @@ consumed, saved in the checkpoint, so a resumed run continues the very same stre
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -175,16 +176,24 @@ class TextDataModule(L.LightningDataModule):
         chunks.extend(self._encode(enc, batch, dtype))
         n_docs += len(batch)
         tokens = np.concatenate(chunks) if chunks else np.zeros(0, dtype=dtype)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # Write under a unique name and rename, so parallel jobs never read a half-written cache.
-        tmp = path.with_name(f"{path.name}.{uuid.uuid4().hex}.tmp")
-        tokens.tofile(tmp)
-        os.replace(tmp, path)
         meta = {"identity": self._identity, "source": self.source, "n_tokens": int(tokens.size), "n_docs": n_docs,
                 "dtype": dtype.name, "vocab_size": enc.n_vocab}
+        # Write under a unique name and rename, so parallel jobs never read a half-written cache.
+        tmp = path.with_name(f"{path.name}.{uuid.uuid4().hex}.tmp")
         tmp_meta = path.with_name(f"{path.stem}.{uuid.uuid4().hex}.json.tmp")
-        tmp_meta.write_text(json.dumps(meta, indent=2))
-        os.replace(tmp_meta, path.with_suffix(".json"))
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tokens.tofile(tmp)
+            os.replace(tmp, path)
+            tmp_meta.write_text(json.dumps(meta, indent=2))
+            os.replace(tmp_meta, path.with_suffix(".json"))
+        except OSError as err:
+            for leftover in (tmp, tmp_meta):  # nothing half-written stays behind
+                with contextlib.suppress(OSError):
+                    leftover.unlink(missing_ok=True)
+            raise DataUnavailableError(
+                f"data.cache_dir={str(self.cache_dir)!r} cannot be written ({err.strerror or type(err).__name__}); "
+                "set data.cache_dir (or $ALTGRAD_CACHE) to a writable folder") from None
 
     @staticmethod
     def _encode(enc: tiktoken.Encoding, texts: list[str], dtype: np.dtype) -> list[np.ndarray]:

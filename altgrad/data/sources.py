@@ -6,6 +6,7 @@ code path (local files use the packaged `text`/`json`/`parquet` builders and nev
 
 from __future__ import annotations
 
+import codecs
 import glob
 import os
 from collections.abc import Iterator
@@ -59,6 +60,10 @@ def load_hf_dataset(
     label = label or f"{path!r}" + (f" (config {name!r})" if name else "")
     try:
         return datasets.load_dataset(path, name, split=split, data_files=data_files)
+    except datasets.exceptions.DatasetGenerationError as err:
+        if data_files is None:
+            raise
+        raise DataUnavailableError(f"{label}: {_unreadable(data_files, err)}") from None
     except (ConnectionError, OSError, FileNotFoundError, ValueError) as err:
         first = (str(err).splitlines() or [type(err).__name__])[0]
         raise DataUnavailableError(
@@ -66,6 +71,29 @@ def load_hf_dataset(
             "offline it is not in the Hugging Face cache: run once online (unset HF_HUB_OFFLINE / "
             "HF_DATASETS_OFFLINE), point HF_DATASETS_CACHE at a copy, or use data=embedded"
         ) from err
+
+
+def _unreadable(files: list[str], err: BaseException) -> str:
+    """Why local files could not be read, naming the file: empty, not UTF-8, or the reader's own words."""
+    cause = err.__cause__ or err.__context__
+    if isinstance(cause, UnicodeDecodeError):
+        for f in files:
+            decoder, offset = codecs.getincrementaldecoder("utf-8")(), 0
+            try:
+                with open(f, "rb") as handle:
+                    for chunk in iter(lambda: handle.read(1 << 20), b""):  # noqa: B023 (used at once)
+                        decoder.decode(chunk)
+                        offset += len(chunk)
+            except UnicodeDecodeError as bad:
+                return (f"{f} is not UTF-8 text (undecodable byte near offset {offset + bad.start}); valid: UTF-8 "
+                        "text files, or .jsonl/.parquet")
+            except OSError:
+                continue
+        return f"a file is not UTF-8 text ({cause.reason}); valid: UTF-8 text files, or .jsonl/.parquet"
+    if all(os.path.getsize(f) == 0 for f in files if os.path.isfile(f)):
+        return "every file is empty; valid: files with some text"
+    first = (str(cause or err).splitlines() or [type(err).__name__])[0]
+    return f"cannot be read ({type(cause or err).__name__}: {first}); check the files' format"
 
 
 def iter_texts(

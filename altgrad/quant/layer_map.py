@@ -246,7 +246,13 @@ class LayerMap:
                                  f"Linear modules are: {', '.join(names)}")
             for role in ROLES:
                 if role in rule:
-                    value = self.defaults.role_spec(role, rule[role], f"layer_map rule {i} ({rule['match']!r})")
+                    where = f"layer_map rule {i} ({rule['match']!r})"
+                    try:
+                        value = self.defaults.role_spec(role, rule[role], where)
+                    except (ValueError, TypeError) as err:  # a bad role value: one line, not a traceback
+                        message = str(err)
+                        raise LayerMapError(message if message.startswith(where) else f"{where}: role {role!r}: "
+                                            f"{message}") from None
                     for n in hits:
                         specs[n][role] = value
         return {n: ResolvedLayer(**specs[n], tied=n in tied) for n in names}
