@@ -77,6 +77,7 @@ class LrPick:
     refusal: str | None = None
     plain_lr: float | None = None
     jobs: tuple[Job, ...] = field(default=(), repr=False, compare=False)
+    extendable: bool = False  # refused only for its edge: an extension scan can settle it
 
     @property
     def cell(self) -> str:
@@ -142,25 +143,26 @@ def _pick(label: str, by_lr: dict[float, list[Job]], pooled: bool, fmt: str | No
     jobs = tuple(j for js in by_lr.values() for j in js)
     seeds = tuple(sorted({j.seed for j in jobs if j.seed is not None}))
     best = min(scores, key=lambda lr: (scores[lr], lr)) if scores else None
-    edge = refusal = None
     plain = sorted({x for x in (plain_lr_of(j) for j in jobs) if x is not None})
     scanned = tuple(sorted(by_lr))
-    if best is not None:
-        edge = edge_of(best, scanned)
-        if edge is not None:
-            refusal = (f"the best lr {best:g} is at the {edge} edge of the scanned grid "
-                       f"[{', '.join(f'{x:g}' for x in scanned)}]; scan beyond it (--extend FILE writes the jobs)")
-        elif len(scanned) < min_lrs:
-            refusal = f"only {len(scanned)} lrs scanned; at least {min_lrs} are needed (--min-lrs)"
+    edge = edge_of(best, scanned) if best is not None else None
+    refusals = []  # the edge's first: it alone can be cured by an extension scan
+    if edge is not None:
+        refusals.append(f"the best lr {best:g} is at the {edge} edge of the scanned grid "
+                        f"[{', '.join(f'{x:g}' for x in scanned)}]; scan beyond it (--extend FILE writes the jobs)")
+    elif best is not None and len(scanned) < min_lrs:
+        refusals.append(f"only {len(scanned)} lrs scanned; at least {min_lrs} are needed (--min-lrs)")
     overlap = sorted(set(seeds) & eval_seeds)
     if overlap:
-        refusal = (f"tuning runs use seed(s) {overlap}, which are evaluation seeds {sorted(eval_seeds)}; tune on "
-                   "seeds disjoint from the evaluation seeds")
+        refusals.append(f"tuning runs use seed(s) {overlap}, which are evaluation seeds {sorted(eval_seeds)}; tune "
+                        "on seeds disjoint from the evaluation seeds")
+    if not pooled and len({tuple(sorted(j.seed for j in js if j.seed is not None)) for js in by_lr.values()}) > 1:
+        refusals.append("its lrs were run on different seeds; run every lr on the same tuning seeds")
     if len(plain) > 1:
-        refusal = f"its runs stepped the grid-less parameters at different lrs {plain}; one plain lr per cell"
+        refusals.append(f"its runs stepped the grid-less parameters at different lrs {plain}; one plain lr per cell")
     return LrPick(label, best, scores.get(best) if best is not None else None, formats, tuple(sorted(scores)),
-                  tuple(unstable), scanned, fmt, arm, seeds, edge, refusal, plain[0] if len(plain) == 1 else None,
-                  jobs)
+                  tuple(unstable), scanned, fmt, arm, seeds, edge, "; and ".join(refusals) or None,
+                  plain[0] if len(plain) == 1 else None, jobs, extendable=edge is not None and len(refusals) == 1)
 
 
 def pick_learning_rates(jobs: Iterable[Job], *, eval_seeds: Iterable[int] = (), min_lrs: int = 1
@@ -189,8 +191,8 @@ def pick_per_format(jobs: Iterable[Job], *, eval_seeds: Iterable[int] = (), min_
     for key, by_lr in sorted(runs.items()):
         pick = _pick(labels[key], by_lr, False, key[0], key[1], seeds, min_lrs)
         if pick.lr is None and pick.refusal is None:  # a table needs every cell: look below the unstable lrs
-            pick = replace(pick, edge="low", refusal="no scanned lr completed on every tuning seed; scan lower "
-                                                     "(--extend FILE writes the jobs)")
+            refusal = "no scanned lr completed on every tuning seed; scan lower (--extend FILE writes the jobs)"
+            pick = replace(pick, edge="low", extendable=True, refusal=refusal)
         picks[key] = pick
     return picks
 
@@ -338,7 +340,7 @@ def extension_command(pick: LrPick) -> str:
 def write_extension(path: Path, picks: Iterable[LrPick]) -> int:
     """Write a bash script of extension commands for the picks at an edge; return how many it holds."""
     commands = [f"# {p.cell}: {'no stable lr' if p.lr is None else f'best lr {p.lr:g}'} at the {p.edge} edge\n"
-                f"{extension_command(p)}" for p in picks if p.edge is not None]
+                f"{extension_command(p)}" for p in picks if p.extendable]
     if commands:
         path.write_text("#!/usr/bin/env bash\n# Extension scans written by altgrad.sweep.lr_pick: rerunnable (finished "
                         "jobs are skipped); then run lr_pick again.\nset -e\n" + "\n".join(commands) + "\n")
@@ -427,7 +429,8 @@ def main(argv: Sequence[str]) -> int:
         except ValueError as err:
             print(f"error: {err}", file=sys.stderr)
             return 2
-        print(f"{n} extension scan(s) written to {args.extend}" if n else "no pick at an edge: nothing to extend")
+        print(f"{n} extension scan(s) written to {args.extend}" if n else "no pick refused for its edge alone: "
+              "nothing to extend")
     if refused:
         print("nothing written: resolve the refusals above first", file=sys.stderr)
         return 2

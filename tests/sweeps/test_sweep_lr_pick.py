@@ -260,6 +260,19 @@ def test_a_cell_where_every_lr_diverged_is_refused_and_extended_below(tmp_path: 
     assert "optimizer.lr=0.3,0.1 seed=101" in script.read_text() and not (tmp_path / "t.yaml").exists()
 
 
+def test_an_edge_on_evaluation_seeds_or_unbalanced_seeds_is_not_extended(tmp_path: Path,
+                                                                         capsys: pytest.CaptureFixture) -> None:
+    runs = scan("manifold[update]", "e4m3", {0.3: 2.3, 1.0: 2.2, 3.0: 2.1}, seeds=(1,), plain=5e-3)
+    sweep = fake_scan(tmp_path / "a", runs, overrides=True, numbered=False)
+    script = tmp_path / "x.sh"
+    assert main([str(sweep), "--table", str(tmp_path / "t.yaml"), "--eval-seeds", "1", "--extend", str(script)]) == 2
+    err = capsys.readouterr().err
+    assert "high edge" in err and "; and tuning runs use seed(s) [1]" in err and not script.exists()
+    runs = scan("adamw", "e4m3", {1e-3: 2.3, 3e-3: 2.2}, seeds=(7, 8)) + scan("adamw", "e4m3", {1e-2: 2.25})
+    assert main([str(fake_scan(tmp_path / "b", runs)), "--table", str(tmp_path / "t.yaml")]) == 2
+    assert "its lrs were run on different seeds" in capsys.readouterr().err
+
+
 def test_a_numbered_sweep_cannot_be_extended_in_place(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     runs = scan("adamw", "e4m3", {1e-3: 2.3, 3e-3: 2.2})
     sweep = fake_scan(tmp_path / "sweep", runs, overrides=True)
