@@ -1,7 +1,7 @@
 """FloatFormat: a sign + E exponent + M mantissa float format with a bias and a special-value policy.
 
 Every constant (max, min normal, min subnormal, the value grid) is derived from the definition in
-``../shared/design/FORMATS.md``; nothing is tabulated. Formats are simulated in float32, so a format is valid
+``docs/formats.md``; nothing is tabulated. Formats are simulated in float32, so a format is valid
 only if every one of its finite values is a float32 value with the same spacing rules (checked at construction).
 """
 

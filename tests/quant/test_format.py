@@ -16,7 +16,7 @@ PRESETS = list_formats()
 
 
 def code_value(fmt: FloatFormat, code: int) -> float:
-    """Independent decoder of one code (Python ints/floats), straight from FORMATS.md."""
+    """Independent decoder of one code (Python ints/floats), straight from docs/formats.md."""
     E, M = fmt.ebits, fmt.mbits
     s, e, m = code >> (E + M), (code >> M) & ((1 << E) - 1), code & ((1 << M) - 1)
     if fmt.policy == "p3109":
@@ -68,7 +68,7 @@ def test_derived_constants_match_an_independent_decoder(name: str) -> None:
 
 
 def test_table_of_formats_md() -> None:
-    """Cross-check with the FORMATS.md table (values there were computed by hand; here by gfloat / the decoder)."""
+    """Cross-check with the docs/formats.md table (values there were computed by hand; here by gfloat / the decoder)."""
     for p in range(1, 8):
         fi, fmt = format_info_p3109(8, p), get_format(f"p3109_p{p}")
         assert (fmt.ebits, fmt.mbits, fmt.bias) == (8 - p, p - 1, fi.bias)
