@@ -108,16 +108,23 @@ def plan_resume(path: str | os.PathLike, current: dict[str, Any], max_steps: int
     step = int(checkpoint["global_step"])
     record = checkpoint.get(RECORD)
     stored = record.get("config") if isinstance(record, dict) else None
-    if step >= max_steps:
-        raise CheckpointError(f"ckpt_path={str(path)!r} is at step {step}, which already reaches trainer.max_steps="
-                              f"{max_steps}: nothing to train; set trainer.max_steps above {step} to continue it")
     plan = ResumePlan(Path(path), step, stored if isinstance(stored, dict) else None)
     if isinstance(record, dict) and isinstance(record.get("metrics_rows"), int):
         plan.metrics_rows = record["metrics_rows"]
     if plan.stored_config is None:
         log.warning("%s records no configuration (an older AltGrad checkpoint): resuming without the configuration "
                     "check", path)
-        return plan
+    else:
+        _compare(plan, current)
+    if step >= max_steps:
+        raise CheckpointError(f"ckpt_path={str(path)!r} is at step {step}, which already reaches trainer.max_steps="
+                              f"{max_steps}: nothing to train; set trainer.max_steps above {step} to continue it")
+    return plan
+
+
+def _compare(plan: ResumePlan, current: dict[str, Any]) -> None:
+    """Fill plan.differences; raise when the model shape differs, or anything differs without the override."""
+    path = plan.path
     plan.differences = config_differences(plan.stored_config, current)
     plan.optimizer_changed = any(d.startswith("optimizer.") for d in plan.differences)
     shape = [d for d in plan.differences if d.split(":", 1)[0] in SHAPE_KEYS]
@@ -130,7 +137,6 @@ def plan_resume(path: str | os.PathLike, current: dict[str, Any], max_steps: int
                                                    if len(plan.differences) > 4 else "")
         raise CheckpointError(f"ckpt_path={str(path)!r} was trained with another configuration ({shown}); drop "
                               f"ckpt_path to start fresh, or add +{OVERRIDE}=true to continue it under this one")
-    return plan
 
 
 def adapt_checkpoint(checkpoint: dict[str, Any], plan: ResumePlan) -> None:

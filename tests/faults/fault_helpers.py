@@ -17,12 +17,13 @@ REPO = Path(__file__).resolve().parents[2]
 
 # A model and data small enough that a run is dominated by Python start-up; a fixed decay length, so the lr schedule
 # does not depend on max_steps and a run stopped early, resumed and extended matches a straight one.
-TINY = [
+MODEL = [
     "model.n_layer=1", "model.n_head=2", "model.n_embd=32", "model.block_size=32",
-    "data.batch_size=4", "data.corpus_chars=200000", "data.val_batches=2",
+    "data.batch_size=4", "data.val_batches=2",
     "trainer.val_check_interval=2", "trainer.log_every_n_steps=1", "trainer.sample_tokens=0",
     "trainer.progress_refresh=1", "schedule.warmup_steps=2", "schedule.decay_steps=1000", "logger=csv",
 ]
+TINY = [*MODEL, "data.corpus_chars=200000"]  # the embedded corpus, cut short
 PROGRESS = re.compile(r"Epoch 0:.*?\| +(\d+)/")
 
 
