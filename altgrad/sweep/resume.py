@@ -23,7 +23,8 @@ FINISHED = ("completed", "diverged")
 SUMMARY = "summary.json"
 # Config keys that say where and how a run is stored or shown, not what it computes.
 # A tuned-lr table is not identity either: the lrs a run takes from it are in optimizer.lr and baseline.lr.
-NOT_IDENTITY = ("paths", "resume_sweep", "run_name", "data.cache_dir", "trainer.progress_refresh", "tuned_lr")
+NOT_IDENTITY = ("paths", "resume_sweep", "resume_with_new_config", "ckpt_path", "run_name", "data.cache_dir",
+                "trainer.progress_refresh", "tuned_lr", "logger.*.save_dir", "logger.*.dir")
 
 
 def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
