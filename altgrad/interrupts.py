@@ -51,6 +51,7 @@ class InterruptGuard:
         self.signum: int | None = None
         self.deferring = False
         self._previous: dict[int, Any] = {}
+        self._first: dict[int, Any] = {}  # the handlers found at the first install, kept after uninstall
 
     @property
     def requested(self) -> bool:
@@ -68,8 +69,17 @@ class InterruptGuard:
             current = signal.getsignal(signum)
             if current != self._handle:
                 self._previous.setdefault(signum, current)
+                self._first.setdefault(signum, current)
                 signal.signal(signum, self._handle)
         return fresh
+
+    def handler_before(self, signum: int) -> Any:
+        """The Python handler a launcher had installed for `signum` before ours (None: a default one). A cluster
+        launcher's handler (submitit's requeue, say) gets the signal once the run has saved and stopped."""
+        handler = self._first.get(signum)
+        if callable(handler) and handler is not signal.default_int_handler:
+            return handler
+        return None
 
     def uninstall(self) -> None:
         """Put back the handlers that were there before `install`."""

@@ -414,7 +414,7 @@ def main(cfg: DictConfig) -> None:
     from hydra.types import RunMode
 
     from altgrad.data.sources import DataUnavailableError
-    from altgrad.interrupts import exit_code
+    from altgrad.interrupts import GUARD, exit_code
     from altgrad.quant.layer_map import LayerMapError
     from altgrad.run_dir import EXIT_CODE, RunDirError
     from altgrad.sweep.resume import interrupted_run, skip_finished
@@ -439,6 +439,9 @@ def main(cfg: DictConfig) -> None:
         # A result, like a divergence, but the process ends as the signal asked (128 + signal): a scheduler can
         # requeue it and a sweep stops here.
         print(_interrupt_line(summary), file=sys.stderr, flush=True)
+        forward = GUARD.handler_before(summary["signal"])
+        if forward is not None:  # e.g. submitit's requeue on its timeout signal, now that the checkpoint is saved
+            forward(summary["signal"], None)
         raise SystemExit(exit_code(summary["signal"]))
 
 
@@ -453,8 +456,8 @@ def _check_run_dir(args: list[str]) -> None:
     """A single run with an explicit hydra.run.dir: refuse a folder that is taken before Hydra writes into it."""
     from altgrad.run_dir import EXIT_CODE, RunDirError, probe
 
-    if any(a in ("-m", "--multirun") for a in args):
-        return
+    if any(a in ("-m", "--multirun") for a in args) or any(a.startswith("+resume_sweep=") for a in args):
+        return  # a sweep's job dirs are checked per job; +resume_sweep resumes or skips what the folder holds
     given = dict(a.split("=", 1) for a in args if "=" in a and not a.startswith(("+", "~")))
     run_dir = given.get("hydra.run.dir")
     if not run_dir or "${" in run_dir:

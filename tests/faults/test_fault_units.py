@@ -216,3 +216,19 @@ def test_the_range_warning_names_format_layer_and_role_once(caplog: pytest.LogCa
     assert [r.getMessage() for r in caplog.records] == [
         "e0m7 flushes to zero 90% of transformer.h.0.mlp.c_fc's grad (and 1 more layers) at step 2 (scaling: none); "
         "warned once per role"]
+
+
+def test_a_launchers_own_handler_gets_the_signal_after_the_run_stopped() -> None:
+    seen: list[int] = []
+    previous = signal.signal(signal.SIGUSR2, lambda signum, frame: seen.append(signum))
+    guard = InterruptGuard()
+    try:
+        guard.install()
+        guard.uninstall()
+        handler = guard.handler_before(signal.SIGUSR2)
+        assert handler is not None
+        handler(signal.SIGUSR2, None)
+        assert seen == [signal.SIGUSR2]
+        assert guard.handler_before(signal.SIGINT) is None  # Python's KeyboardInterrupt is not forwarded
+    finally:
+        signal.signal(signal.SIGUSR2, previous)

@@ -103,3 +103,19 @@ def test_a_sweep_hit_by_sigterm_stops_non_zero_and_resumes_the_job_in_place(tmp_
     resumed = summary(sweep_dir / "0")
     assert resumed["status"] == "completed" and resumed["steps"] == 16 and resumed["resumed_at_step"] == s["steps"]
     assert summary(sweep_dir / "1")["status"] == "completed"
+
+
+@pytest.mark.slow
+def test_the_requeue_recipe_starts_resumes_and_then_skips(tmp_path: Path, fault_env: dict[str, str]) -> None:
+    """docs/faults.md: one command for a requeued job (a fixed folder and +resume_sweep=true)."""
+    run_dir = tmp_path / "job"
+    args = [*TINY, "trainer.max_steps=12", f"hydra.run.dir={run_dir}", "+resume_sweep=true"]
+    code, output = signal_mid_run(args, fault_env, signal.SIGTERM, tmp_path / "first.log", after_steps=2)
+    assert code == 128 + signal.SIGTERM, output[-2000:]
+    step = summary(run_dir)["steps"]
+    second = run_train(args, fault_env)
+    assert second.returncode == 0 and "was interrupted; resuming it from its checkpoint" in second.stdout
+    s = summary(run_dir)
+    assert s["status"] == "completed" and s["steps"] == 12 and s["resumed_at_step"] == step
+    third = run_train(args, fault_env)
+    assert third.returncode == 0 and "already completed; skipped" in third.stdout
