@@ -15,7 +15,7 @@ NAME ?= all
 RUN ?= $(lastword $(sort $(wildcard multirun/*/*)))
 
 .DEFAULT_GOAL := help
-.PHONY: install train test test-slow test-gpu bench-gpu sweep report bench evidence-cpu lint clean help
+.PHONY: install train test test-slow test-gpu bench-gpu sweep report bench evidence-cpu study lint clean help
 
 # torch goes in first, pinned to the CPU build: a looser spec would pull the multi-GB CUDA wheels.
 $(STAMP): pyproject.toml
@@ -61,6 +61,9 @@ evidence-cpu: $(STAMP) ## the committed CPU evidence: lr scans → lr pick → m
 	OMP_NUM_THREADS=1 $(BIN)/python -m altgrad.train experiment=failure_stage_cpu $(JOBLIB) hydra.sweep.dir=$(EVIDENCE)/failure_stage_cpu || true
 	$(BIN)/python -m altgrad.report $(EVIDENCE)/manifold_ab_cpu $(EVIDENCE)/failure_stage_cpu --out $(EVIDENCE)/report
 	$(BIN)/python -m altgrad.report $(EVIDENCE)/lr_scan_cpu $(EVIDENCE)/lr_scan_cpu_ulp --out $(EVIDENCE)/report/lr_scan
+
+study: $(STAMP) ## the CPU study, resumable: pilot → tuning → evaluation → docs/results/study-cpu (rerun to go on)
+	$(BIN)/python -m altgrad.sweep.study $(ARGS)
 
 lint: $(STAMP) ## ruff over the package and the tests
 	$(BIN)/ruff check altgrad tests

@@ -1,0 +1,269 @@
+"""The CPU study in one resumable command: pilot → horizon check → AdamW tuning per format → each arm's tuning →
+tuned-lr table (edge picks extended) → evaluation → report. ``make study`` runs it.
+
+Every stage is a sweep of a named experiment (conf/experiment/study_cpu*.yaml) into its own folder below ``--root``
+with ``+resume_sweep=true``, so a rerun skips every finished job and resumes interrupted ones: a stopped study goes
+on where it stopped. Each job's record (summary.json, metrics.csv, layer_map.json, .hydra/overrides.yaml) is copied
+into ``--records/<stage>/<job>`` as the job ends, and the report is written from those records alone::
+
+    python -m altgrad.sweep.study                       # the study; rerun to resume
+    python -m altgrad.sweep.study --debug --root DIR --records DIR --out DIR   # the same pipeline at debug size
+
+The horizon stage does not edit the configuration: it checks that the configured H (the evaluation's
+trainer.max_steps) passes the pilot's rule and stops with the H the pilot supports when it does not, unless the
+study's plan states why it keeps H anyway (``horizon_waiver``, printed with the rule's numbers). The lr stages
+stop when lr_pick refuses a pick that no extension scan can settle. Exit codes: 0 done, 1 a job failed (rerun to
+retry it), 2 a refusal or a configuration error (one line on stderr says which).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from altgrad.report.load import load_sweeps
+from altgrad.sweep import lr_pick
+from altgrad.sweep.horizon import pick_horizon
+from altgrad.sweep.records import collect, copy_job, job_dirs, job_status
+
+REPO = Path(__file__).resolve().parents[2]
+CONF = REPO / "conf"
+DEBUG_TABLE_GROUP = "debug_tuned"
+"""The config group of a table kept outside conf/ (the debug study's): its twins load it after their own values."""
+MAX_EXTENSION_ROUNDS = 4
+"""How many times one lr stage may extend its scan before it stops (each round adds two lrs per edge cell)."""
+
+
+@dataclass(frozen=True)
+class StudyPlan:
+    """The experiments of a study's stages and the rules its checks apply."""
+
+    name: str
+    pilot: str
+    tune: str
+    tune_arms: str
+    evaluation: str
+    arm_lrs: dict[str, str]  # arm (optimizer preset) → its tuning grid, swept as optimizer.lr
+    eval_seeds: str
+    min_lrs: int
+    table_name: str
+    table_in_repo: bool  # the table is conf/experiment/optim/tuned/NAME.yaml (committed); else ROOT/conf/debug_tuned/
+    min_horizon: int
+    horizon_every: int
+    horizon_factor: int = 4
+    horizon_tolerance: float = 0.03
+    narrow: tuple[str, ...] = field(default=())  # overrides given to the tuning and evaluation stages
+    horizon_waiver: str | None = None  # why the configured H is kept where the pilot's rule fails (None: stop)
+
+
+PLANS = {
+    "study_cpu": StudyPlan(
+        name="study_cpu", pilot="study_cpu_pilot", tune="study_cpu_tune", tune_arms="study_cpu_tune_arms",
+        evaluation="study_cpu", arm_lrs={"manifold": "0.1,0.3,1.0,3.0", "relative": "3e-3,1e-2,3e-2,0.1"},
+        eval_seeds="1,2,3,4,5", min_lrs=4, table_name="study_cpu", table_in_repo=True, min_horizon=400,
+        horizon_every=100,
+        horizon_waiver=("the embedded corpus keeps being learnt for thousands of steps (the pilot's fp32 AdamW: "
+                        "val loss 0.595 at step 600, 0.174 at 2400, still falling at the end), so no H the 2-core "
+                        "CPU can afford passes; H = 600 is the budget's horizon and the report's caveats say so")),
+    # the same pipeline on the 1-block debug model (5-step jobs), e4m3 only: a check of the machinery, not evidence.
+    # Its pilot is 4 × 5 steps, where no loss is within 3 % of its value 15 steps later: the rule's tolerance is wide.
+    "study_cpu_debug": StudyPlan(
+        name="study_cpu_debug", pilot="study_cpu_pilot_debug", tune="study_cpu_tune_debug",
+        tune_arms="study_cpu_tune_arms_debug", evaluation="study_cpu_debug",
+        arm_lrs={"manifold": "0.1,1.0,10.0,100.0", "relative": "0.01,0.1,1.0,10.0"}, eval_seeds="1,2", min_lrs=4,
+        table_name="study_cpu_debug", table_in_repo=False, min_horizon=5, horizon_every=5, horizon_tolerance=10.0,
+        narrow=("format=e4m3",)),
+}
+
+
+class StudyStop(Exception):
+    """A stage cannot go on; ``code`` is the exit status (1: a job failed, 2: a refusal or a config error)."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class Study:
+    """One study's folders and the commands of its stages."""
+
+    def __init__(self, plan: StudyPlan, root: Path, records: Path, out: Path) -> None:
+        self.plan, self.root, self.records, self.out = plan, root.resolve(), records.resolve(), out.resolve()
+        conf_root = CONF if plan.table_in_repo else self.root / "conf"
+        self.conf_root = conf_root
+        group = ("experiment", "optim", "tuned") if plan.table_in_repo else (DEBUG_TABLE_GROUP,)
+        self.table = conf_root.joinpath(*group, f"{plan.table_name}.yaml")
+
+    # -- commands -------------------------------------------------------------------------------------------------
+    def extra_overrides(self, stage: str) -> list[str]:
+        """What every train command of a stage adds: the records callback, resuming, and the table's search path."""
+        extra = ["+resume_sweep=true",
+                 "+hydra.callbacks.records._target_=altgrad.sweep.records.CopyRecords",
+                 f"+hydra.callbacks.records.dest={self.records / stage}"]
+        if not self.plan.table_in_repo:
+            extra.append(f"hydra.searchpath=[file://{self.conf_root}]")
+        return extra
+
+    def train(self, stage: str, args: Sequence[str]) -> None:
+        """Run one sweep of a stage (a named experiment) into root/<stage>, then collect its records."""
+        self.restore(stage)
+        extra = [f"hydra.sweep.dir={self.root / stage}", *self.extra_overrides(stage)]
+        ours = {_key(a) for a in extra}
+        command = [sys.executable, "-m", "altgrad.train", "-m", *(a for a in args if _key(a) not in ours and a != "-m"),
+                   *extra]
+        print(f"[study] {stage}: {shlex.join(['python', *command[1:]])}", flush=True)
+        rc = subprocess.run(command, cwd=REPO).returncode
+        collect(self.root / stage, self.records / stage)
+        if rc == 2:
+            raise StudyStop(f"{stage}: the sweep stopped with a configuration error (exit 2; see above)", 2)
+        self.check_finished(stage)
+
+    def restore(self, stage: str) -> int:
+        """Put the finished records of a stage back into its sweep folder where its job dirs lack them (a study
+        resumed from the repository alone, in a fresh checkout): +resume_sweep then skips those jobs, and lr_pick
+        reads them. Returns how many jobs were restored."""
+        restored = 0
+        for record in job_dirs(self.records / stage):
+            target = self.root / stage / record.name
+            if job_status(record) in ("completed", "diverged") and job_status(target) is None:
+                copy_job(record, target)
+                restored += 1
+        if restored:
+            print(f"[study] {stage}: {restored} finished job(s) restored from {self.records / stage}", flush=True)
+        return restored
+
+    def check_finished(self, stage: str) -> None:
+        """Stop (exit 1) when a job of the stage has no finished result: failed, interrupted, or never ran."""
+        unfinished = [f"{p.name} ({job_status(p) or 'no summary'})" for p in job_dirs(self.root / stage)
+                      if job_status(p) not in ("completed", "diverged")]
+        if unfinished:
+            raise StudyStop(f"{stage}: {len(unfinished)} job(s) without a result: {'; '.join(unfinished[:5])}"
+                            f"{' …' if len(unfinished) > 5 else ''}; rerun the study to retry them", 1)
+
+    # -- stages ---------------------------------------------------------------------------------------------------
+    def pilot(self) -> None:
+        self.train("pilot", [f"experiment={self.plan.pilot}"])
+
+    def horizon(self) -> int:
+        """Check the configured horizon against the pilot's rule; return it."""
+        plan = self.plan
+        pick = pick_horizon(load_sweeps([self.root / "pilot"]).jobs, factor=plan.horizon_factor,
+                            min_horizon=plan.min_horizon, every=plan.horizon_every, tolerance=plan.horizon_tolerance)
+        print(pick.table(), flush=True)
+        configured = self.configured_horizon()
+        if pick.passes(configured):
+            print(f"[study] horizon: H = {configured} passes (smallest passing: {pick.horizon})", flush=True)
+            return configured
+        check = pick.check(configured)
+        gap = f"gap {100 * check.gap:+.1f} %" if check else f"{plan.horizon_factor}H is beyond the pilot"
+        if plan.horizon_waiver:
+            print(f"[study] horizon: H = {configured} does NOT pass the pilot's rule ({gap}); kept because "
+                  f"{plan.horizon_waiver}", flush=True)
+            return configured
+        if pick.horizon is None:
+            raise StudyStop(f"horizon: no H from {plan.min_horizon} up to 1/{plan.horizon_factor} of the pilot "
+                            f"brings the fp32 loss within {100 * plan.horizon_tolerance:g} % of its value at "
+                            f"{plan.horizon_factor}H (H = {configured}: {gap}); lengthen the pilot "
+                            f"(trainer.max_steps of {plan.pilot})", 2)
+        raise StudyStop(f"horizon: the configured H = trainer.max_steps = {configured} does not pass the pilot's "
+                        f"rule ({gap}); the pilot supports H = {pick.horizon}: set it in the study's base config", 2)
+
+    def configured_horizon(self) -> int:
+        from hydra import compose, initialize_config_dir
+        from hydra.core.global_hydra import GlobalHydra
+
+        GlobalHydra.instance().clear()
+        try:
+            with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+                cfg = compose(config_name="train", overrides=[f"experiment={self.plan.tune}"])
+                return int(cfg.trainer.max_steps)
+        finally:
+            GlobalHydra.instance().clear()
+
+    def pick_lrs(self, stage: str) -> None:
+        """lr_pick --table over a stage's sweep; run the extension scans it writes until every cell has a pick."""
+        extend = self.root / f"{stage}.extend.sh"
+        self.restore(stage)
+        for _ in range(MAX_EXTENSION_ROUNDS + 1):
+            extend.unlink(missing_ok=True)
+            args = [str(self.root / stage), "--table", str(self.table), "--eval-seeds", self.plan.eval_seeds,
+                    "--min-lrs", str(self.plan.min_lrs), "--extend", str(extend)]
+            print(f"[study] {stage}: python -m altgrad.sweep.lr_pick {shlex.join(args)}", flush=True)
+            if lr_pick.main(args) == 0:
+                return
+            if not extend.is_file():
+                raise StudyStop(f"{stage}: lr_pick refused a pick that no extension scan settles (see above)", 2)
+            for line in extend.read_text().splitlines():
+                if line.startswith("python -m altgrad.train "):
+                    self.train(stage, shlex.split(line)[3:])
+        raise StudyStop(f"{stage}: still a pick at a grid edge after {MAX_EXTENSION_ROUNDS} extension rounds; "
+                        f"see {extend}", 2)
+
+    def tune(self) -> None:
+        self.train("tune", [f"experiment={self.plan.tune}", *self.plan.narrow])
+        self.pick_lrs("tune")
+
+    def tune_arms(self) -> None:
+        for arm, lrs in self.plan.arm_lrs.items():
+            self.train("tune_arms", [f"experiment={self.plan.tune_arms}", f"optimizer={arm}", f"optimizer.lr={lrs}",
+                                     *self.plan.narrow])
+        self.pick_lrs("tune_arms")
+
+    def evaluation(self) -> None:
+        self.train("eval", [f"experiment={self.plan.evaluation}", *self.plan.narrow])
+
+    def report(self) -> None:
+        command = [sys.executable, "-m", "altgrad.report", str(self.records), "--out", str(self.out)]
+        print(f"[study] report: {shlex.join(['python', *command[1:]])}", flush=True)
+        if subprocess.run(command, cwd=REPO).returncode != 0:
+            raise StudyStop("report: altgrad.report failed (see above)", 2)
+
+    def run(self, until: str | None = None) -> None:
+        for name in STAGES:
+            getattr(self, name)()
+            if name == until:
+                print(f"[study] stopped after {name} (--until)", flush=True)
+                return
+
+
+def _key(override: str) -> str:
+    """An override's key without its + / ++ / ~ prefix (``+resume_sweep=true`` → ``resume_sweep``)."""
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+STAGES = ("pilot", "horizon", "tune", "tune_arms", "evaluation", "report")
+
+
+def main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m altgrad.sweep.study", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--debug", action="store_true", help="the debug-size twin of the study (a pipeline check)")
+    parser.add_argument("--root", type=Path, default=None, help="sweep folders (default multirun/<study>)")
+    parser.add_argument("--records", type=Path, default=None,
+                        help="job records (default docs/results/<study>/runs, <study> with - for _)")
+    parser.add_argument("--out", type=Path, default=None, help="report folder (default: the records' parent)")
+    parser.add_argument("--until", choices=STAGES, default=None, help="stop after this stage")
+    args = parser.parse_args(list(argv))
+    plan = PLANS["study_cpu_debug" if args.debug else "study_cpu"]
+    slug = plan.name.replace("_", "-")
+    root = args.root or REPO / "multirun" / slug
+    records = args.records or REPO / "docs" / "results" / slug / "runs"
+    out = args.out or records.parent
+    try:
+        Study(plan, root, records, out).run(args.until)
+    except StudyStop as stop:
+        print(f"error: {stop}", file=sys.stderr)
+        return stop.code
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(f"[study] done: report in {out}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,107 @@
+"""The study driver's checks between stages, on records of known content: the horizon rule stops a study whose
+configured H the pilot does not support (unless the plan states why it keeps H), a job without a result stops it
+for a retry, and an lr refusal no extension can settle stops it with exit 2."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from altgrad.sweep import study as driver
+from altgrad.sweep.study import PLANS, Study, StudyStop
+
+
+def write_job(path: Path, summary: dict, curve=None, overrides=()) -> None:
+    (path / ".hydra").mkdir(parents=True)
+    (path / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides) or "[]\n")
+    (path / "summary.json").write_text(json.dumps(summary))
+    if curve is not None:
+        (path / "metrics.csv").write_text("step,val/loss\n" + "".join(f"{s},{v}\n" for s, v in curve))
+
+
+def pilot(root: Path, f, last: int) -> None:
+    curve = [(0, f(0))] + [(s - 1, f(s)) for s in range(25, last + 1, 25)]
+    write_job(root / "pilot" / "baseline.lr=0.003,seed=101",
+              {"status": "completed", "final_val_loss": curve[-1][1], "lr": 3e-3, "format": "fp32",
+               "optimizer": "adamw", "seed": 101}, curve)
+
+
+def make_study(tmp_path: Path, **changes) -> Study:
+    plan = dataclasses.replace(PLANS["study_cpu"], **changes)
+    return Study(plan, tmp_path / "root", tmp_path / "runs", tmp_path / "out")
+
+
+def test_the_configured_horizon_passes(tmp_path: Path, capsys) -> None:
+    st = make_study(tmp_path, horizon_waiver=None)
+    pilot(st.root, lambda s: 1.0 + 1.0 / (s + 1), 2400)  # flat from the start
+    assert st.horizon() == st.configured_horizon()
+    assert f"[study] horizon: H = {st.configured_horizon()} passes (smallest passing: 400)" in capsys.readouterr().out
+
+
+def test_a_falling_curve_stops_the_study(tmp_path: Path) -> None:
+    st = make_study(tmp_path, horizon_waiver=None)
+    pilot(st.root, lambda s: 5.0 / (1 + s / 100), 2400)
+    with pytest.raises(StudyStop, match=r"no H from 400 up to 1/4 of the pilot brings the fp32 loss within 3 % "
+                                        r"of its value at 4H \(H = \d+: gap \+\d") as stop:
+        st.horizon()
+    assert stop.value.code == 2
+
+
+def test_a_pilot_too_short_for_the_configured_horizon_names_the_supported_one(tmp_path: Path) -> None:
+    st = make_study(tmp_path, horizon_waiver=None)
+    pilot(st.root, lambda s: 1.0 + 1.0 / (s + 1), 1600)  # 4 × 400 fits, 4 × the configured H does not
+    with pytest.raises(StudyStop, match=r"does not pass the pilot's rule \(4H is beyond the pilot\); the pilot "
+                                        r"supports H = 400"):
+        st.horizon()
+
+
+def test_a_waiver_keeps_the_horizon_and_says_so(tmp_path: Path, capsys) -> None:
+    st = make_study(tmp_path, horizon_waiver="the budget")
+    pilot(st.root, lambda s: 5.0 / (1 + s / 100), 2400)
+    assert st.horizon() == st.configured_horizon()
+    assert "does NOT pass the pilot's rule (gap +" in capsys.readouterr().out
+
+
+def test_a_job_without_a_result_stops_the_stage(tmp_path: Path) -> None:
+    st = make_study(tmp_path)
+    write_job(st.root / "tune" / "a", {"status": "completed"})
+    write_job(st.root / "tune" / "b", {"status": "failed", "error": "boom"})
+    (st.root / "tune" / "c" / ".hydra").mkdir(parents=True)
+    (st.root / "tune" / "c" / ".hydra" / "overrides.yaml").write_text("[]\n")
+    with pytest.raises(StudyStop, match=r"tune: 2 job\(s\) without a result: b \(failed\); c \(no summary\)") as stop:
+        st.check_finished("tune")
+    assert stop.value.code == 1
+
+
+def test_an_lr_refusal_no_extension_settles_stops_the_study(tmp_path: Path, monkeypatch) -> None:
+    st = make_study(tmp_path)
+    monkeypatch.setattr(st, "table", tmp_path / "table.yaml")
+    for lr, loss in ((1e-3, 3.0), (3e-3, 2.0), (1e-2, 2.5), (3e-2, 2.9)):  # bracketed, but on an evaluation seed
+        write_job(st.root / "tune" / f"baseline.lr={lr},seed=1",
+                  {"status": "completed", "final_val_loss": loss, "lr": lr, "format": "e4m3", "optimizer": "adamw",
+                   "seed": 1}, overrides=[f"baseline.lr={lr}", "seed=1", "experiment=study_cpu_tune"])
+    with pytest.raises(StudyStop, match="lr_pick refused a pick that no extension scan settles") as stop:
+        st.pick_lrs("tune")
+    assert stop.value.code == 2 and not (tmp_path / "table.yaml").exists()
+
+
+def test_records_restore_finished_jobs_only(tmp_path: Path) -> None:
+    st = make_study(tmp_path)
+    write_job(st.records / "tune" / "done", {"status": "completed"})
+    write_job(st.records / "tune" / "broken", {"status": "failed"})
+    assert st.restore("tune") == 1 and st.restore("tune") == 0
+    assert (st.root / "tune" / "done" / "summary.json").is_file() and not (st.root / "tune" / "broken").exists()
+
+
+def test_the_cli_reports_a_stop_in_one_line(tmp_path: Path, monkeypatch, capsys) -> None:
+    line = "tune: 1 job(s) without a result: b (failed); rerun the study to retry them"
+
+    def stop(self, until):
+        raise StudyStop(line, 1)
+
+    monkeypatch.setattr(Study, "run", stop)
+    assert driver.main(["--root", str(tmp_path / "root"), "--records", str(tmp_path / "runs")]) == 1
+    assert capsys.readouterr().err == f"error: {line}\n"
