@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from altgrad.config import ConfigError, resolve_checkpoint, validate
 from altgrad.host_memory import keep_freed_memory
@@ -72,9 +73,13 @@ def build_callbacks(cfg: DictConfig, run_dir: Path, resume: ResumePlan | None = 
                               storage_rounding=cfg.quant.storage_rounding, seed=cfg.seed, run_dir=run_dir,
                               stats=cfg.quant.get("stats", "demand"))
     callbacks = [quant, FingerprintCallback(), *_instantiate_mapping(cfg.get("callbacks"))]
+    try:  # recorded in every checkpoint, so a resume can check it continues the same configuration
+        config = OmegaConf.to_container(cfg, resolve=True)
+    except OmegaConfBaseException:  # e.g. ${hydra:...} outside a Hydra job: checkpoints then record none
+        config = None
     callbacks.append(RangeWarning())
-    callbacks.append(LastCheckpoint(run_dir / "checkpoints", cfg.trainer.checkpoint_every_n_steps,
-                                    config=OmegaConf.to_container(cfg, resolve=True), resume=resume))
+    callbacks.append(LastCheckpoint(run_dir / "checkpoints", cfg.trainer.checkpoint_every_n_steps, config=config,
+                                    resume=resume))
     if not any(isinstance(c, ProgressBar) for c in callbacks):
         callbacks.append(LossProgressBar(refresh_rate=cfg.trainer.progress_refresh))
     return callbacks
@@ -285,13 +290,16 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     except RunInterrupted as err:
         signum = GUARD.signum if GUARD.signum is not None else err.signum
         step = int(trainer.global_step) if trainer is not None else 0
+        # Normally saved at this very step; after a second signal (stop at once) the last one written before.
         saved = _saved_step(trainer)
+        if saved < 0 and in_place and plan is not None:
+            saved = plan.step  # this run wrote none yet: the checkpoint it resumed from is still there
         if module is not None:
             summary.update(module.run_summary)
             summary["n_params"] = module.model.num_params()
         summary.update(status="interrupted", steps=step, interrupted_by=signal_name(signum), signal=int(signum),
-                       interrupted_at_step=step,
-                       checkpoint=str(run_dir / "checkpoints" / "last.ckpt") if saved == step and step > 0 else None)
+                       interrupted_at_step=step, checkpoint_step=saved if saved > 0 else None,
+                       checkpoint=str(run_dir / "checkpoints" / "last.ckpt") if saved > 0 else None)
         summary["resume_command"] = resume_command(cfg, run_dir) if summary["checkpoint"] else None
     except BaseException as err:
         summary["status"] = "failed"
@@ -448,7 +456,9 @@ def main(cfg: DictConfig) -> None:
 def _interrupt_line(summary: dict[str, Any]) -> str:
     head = f"interrupted by {summary['interrupted_by']} at step {summary['steps']}"
     if summary.get("checkpoint"):
-        return f"{head}; checkpoint saved; resume with: {summary['resume_command']}"
+        saved = ("checkpoint saved" if summary["checkpoint_step"] == summary["steps"]
+                 else f"last checkpoint at step {summary['checkpoint_step']}")
+        return f"{head}; {saved}; resume with: {summary['resume_command']}"
     return f"{head}; nothing trained yet, so no checkpoint: rerun the same command to start again"
 
 
@@ -479,8 +489,8 @@ def cli(argv: list[str] | None = None) -> None:
     from altgrad.preflight import check_overrides
 
     GUARD.install()  # a signal during start-up ends with one line, not a traceback
+    args = sys.argv[1:] if argv is None else argv
     try:
-        args = sys.argv[1:] if argv is None else argv
         message = check_overrides(args, CONF_DIR)
         if message:
             print(f"error: {message}", file=sys.stderr, flush=True)
@@ -488,8 +498,13 @@ def cli(argv: list[str] | None = None) -> None:
         _check_run_dir(args)
         main()
     except RunInterrupted as err:
-        print(f"interrupted by {signal_name(err.signum)} before training started; nothing to resume",
-              file=sys.stderr, flush=True)
+        name = signal_name(err.signum)
+        if any(a in ("-m", "--multirun") for a in args):
+            line = (f"interrupted by {name} outside a job's training: nothing to save there; resume the sweep with "
+                    "hydra.sweep.dir=<its folder> +resume_sweep=true")
+        else:
+            line = f"interrupted by {name} during start-up, before training: nothing to save; rerun to start"
+        print(line, file=sys.stderr, flush=True)
         raise SystemExit(exit_code(err.signum)) from None
 
 
