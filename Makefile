@@ -13,9 +13,11 @@ ARGS ?=
 EXP ?= seeds
 NAME ?= all
 RUN ?= $(lastword $(sort $(wildcard multirun/*/*)))
+EVIDENCE_DATA ?= $(CURDIR)/.cache/evidence-gpu
+EVIDENCE_BUDGET ?= 540
 
 .DEFAULT_GOAL := help
-.PHONY: install train test test-slow test-gpu bench-gpu sweep report bench evidence-cpu study lint clean help
+.PHONY: install train test test-slow test-gpu bench-gpu sweep report bench evidence-cpu study evidence-gpu-data evidence-gpu lint clean help
 
 # torch goes in first, pinned to the CPU build: a looser spec would pull the multi-GB CUDA wheels.
 $(STAMP): pyproject.toml
@@ -64,6 +66,14 @@ evidence-cpu: $(STAMP) ## the committed CPU evidence: lr scans → lr pick → m
 
 study: $(STAMP) ## the CPU study, resumable: pilot → tuning → evaluation → docs/results/study-cpu (rerun to go on)
 	$(BIN)/python -m altgrad.sweep.study $(ARGS)
+
+evidence-gpu-data: $(STAMP) ## with network: EurLex tokens + tiktoken's gpt2 files into EVIDENCE_DATA (.cache/evidence-gpu)
+	ALTGRAD_CACHE=$(EVIDENCE_DATA) TIKTOKEN_CACHE_DIR=$(EVIDENCE_DATA)/tiktoken $(BIN)/python -m altgrad.data.prepare experiment=evidence_gpu $(ARGS)
+
+evidence-gpu: ## on a CUDA machine (its own torch), offline: the GPU confirmation, ≤ 9-min chunks (exit 3: rerun to go on)
+	ALTGRAD_CACHE=$(EVIDENCE_DATA) TIKTOKEN_CACHE_DIR=$(EVIDENCE_DATA)/tiktoken HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 \
+	python3 -m altgrad.sweep.study --evidence-gpu --budget-s $(EVIDENCE_BUDGET) $(ARGS); status=$$?; \
+	if [ -n "$$OUT" ]; then cp -r docs/results/evidence-gpu "$$OUT"/; fi; exit $$status
 
 lint: $(STAMP) ## ruff over the package and the tests
 	$(BIN)/ruff check altgrad tests

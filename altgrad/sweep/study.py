@@ -20,8 +20,11 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import signal
+import statistics
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +38,10 @@ REPO = Path(__file__).resolve().parents[2]
 CONF = REPO / "conf"
 DEBUG_TABLE_GROUP = "debug_tuned"
 """The config group of a table kept outside conf/ (the debug study's): its twins load it after their own values."""
+STOP_GRACE_S = 120.0
+"""How long a sweep stopped at the end of the time budget may take to checkpoint its running job."""
+MIN_START_S = 30.0
+"""A sweep is not started with less than this left of the time budget."""
 MAX_EXTENSION_ROUNDS = 4
 """How many times one lr stage may extend its scan before it stops (each round adds two lrs per edge cell)."""
 
@@ -44,7 +51,7 @@ class StudyPlan:
     """The experiments of a study's stages and the rules its checks apply."""
 
     name: str
-    pilot: str
+    pilot: str | None  # None: no pilot and no horizon stage (the horizon is the configuration's)
     tune: str
     tune_arms: str
     evaluation: str
@@ -59,6 +66,7 @@ class StudyPlan:
     horizon_tolerance: float = 0.03
     narrow: tuple[str, ...] = field(default=())  # overrides given to the tuning and evaluation stages
     horizon_waiver: str | None = None  # why the configured H is kept where the pilot's rule fails (None: stop)
+    reference_format: str | None = None  # set: formats = this + the CPU study's best and worst (or --formats)
 
 
 PLANS = {
@@ -72,6 +80,18 @@ PLANS = {
                         "CPU can afford passes; H = 600 is the budget's horizon and the report's caveats say so")),
     # the same pipeline on the 1-block debug model (5-step jobs), e4m3 only: a check of the machinery, not evidence.
     # Its pilot is 4 × 5 steps, where no loss is within 3 % of its value 15 steps later: the rule's tolerance is wide.
+    # GPU confirmation: gpt_50m on EurLex tokens prepared offline, bf16_ref + the CPU study's best and worst formats
+    "evidence_gpu": StudyPlan(
+        name="evidence_gpu", pilot=None, tune="evidence_gpu_tune", tune_arms="evidence_gpu_tune_arms",
+        evaluation="evidence_gpu", arm_lrs={"manifold": "0.3,1.0,3.0", "relative": "3e-3,1e-2,3e-2"},
+        eval_seeds="1,2,3", min_lrs=3, table_name="evidence_gpu", table_in_repo=True, min_horizon=0,
+        horizon_every=0, reference_format="bf16_ref"),
+    "evidence_gpu_debug": StudyPlan(
+        name="evidence_gpu_debug", pilot=None, tune="evidence_gpu_tune_debug",
+        tune_arms="evidence_gpu_tune_arms_debug", evaluation="evidence_gpu_debug",
+        arm_lrs={"manifold": "1.0,10.0,100.0", "relative": "0.1,1.0,10.0"}, eval_seeds="1,2", min_lrs=3,
+        table_name="evidence_gpu_debug", table_in_repo=False, min_horizon=0, horizon_every=0,
+        reference_format="bf16_ref"),
     "study_cpu_debug": StudyPlan(
         name="study_cpu_debug", pilot="study_cpu_pilot_debug", tune="study_cpu_tune_debug",
         tune_arms="study_cpu_tune_arms_debug", evaluation="study_cpu_debug",
@@ -92,8 +112,13 @@ class StudyStop(Exception):
 class Study:
     """One study's folders and the commands of its stages."""
 
-    def __init__(self, plan: StudyPlan, root: Path, records: Path, out: Path) -> None:
+    def __init__(self, plan: StudyPlan, root: Path, records: Path, out: Path, *, formats: Sequence[str] = (),
+                 budget_s: float | None = None) -> None:
         self.plan, self.root, self.records, self.out = plan, root.resolve(), records.resolve(), out.resolve()
+        self.narrow = plan.narrow
+        if plan.reference_format is not None:
+            self.narrow = (f"format={','.join([plan.reference_format, *formats])}", *plan.narrow)
+        self.deadline = None if budget_s is None else time.monotonic() + budget_s
         conf_root = CONF if plan.table_in_repo else self.root / "conf"
         self.conf_root = conf_root
         group = ("experiment", "optim", "tuned") if plan.table_in_repo else (DEBUG_TABLE_GROUP,)
@@ -110,18 +135,37 @@ class Study:
         return extra
 
     def train(self, stage: str, args: Sequence[str]) -> None:
-        """Run one sweep of a stage (a named experiment) into root/<stage>, then collect its records."""
+        """Run one sweep of a stage (a named experiment) into root/<stage>, then collect its records (the stage
+        checks its jobs' results once all its sweeps ran: one sweep may resume another's interrupted job)."""
         self.restore(stage)
         extra = [f"hydra.sweep.dir={self.root / stage}", *self.extra_overrides(stage)]
         ours = {_key(a) for a in extra}
         command = [sys.executable, "-m", "altgrad.train", "-m", *(a for a in args if _key(a) not in ours and a != "-m"),
                    *extra]
+        self.check_time(stage)
         print(f"[study] {stage}: {shlex.join(['python', *command[1:]])}", flush=True)
-        rc = subprocess.run(command, cwd=REPO).returncode
+        proc = subprocess.Popen(command, cwd=REPO)
+        try:
+            rc = proc.wait(timeout=None if self.deadline is None else max(self.deadline - time.monotonic(), 0.0))
+        except subprocess.TimeoutExpired:  # end of the time budget: the running job checkpoints and stops
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            collect(self.root / stage, self.records / stage)
+            raise StudyStop(f"{stage}: the time budget ran out; the running job was stopped with a checkpoint: "
+                            "rerun the same command to continue", 3) from None
         collect(self.root / stage, self.records / stage)
         if rc == 2:
             raise StudyStop(f"{stage}: the sweep stopped with a configuration error (exit 2; see above)", 2)
-        self.check_finished(stage)
+
+    def check_time(self, stage: str) -> None:
+        """Stop (exit 3) before starting a stage's sweep when less than MIN_START_S of the budget is left."""
+        if self.deadline is not None and self.deadline - time.monotonic() < MIN_START_S:
+            raise StudyStop(f"{stage}: the time budget ran out before the next sweep; rerun the same command to "
+                            "continue", 3)
 
     def restore(self, stage: str) -> int:
         """Put the finished records of a stage back into its sweep folder where its job dirs lack them (a study
@@ -148,6 +192,7 @@ class Study:
     # -- stages ---------------------------------------------------------------------------------------------------
     def pilot(self) -> None:
         self.train("pilot", [f"experiment={self.plan.pilot}"])
+        self.check_finished("pilot")
 
     def horizon(self) -> int:
         """Check the configured horizon against the pilot's rule; return it."""
@@ -201,21 +246,25 @@ class Study:
             for line in extend.read_text().splitlines():
                 if line.startswith("python -m altgrad.train "):
                     self.train(stage, shlex.split(line)[3:])
+            self.check_finished(stage)
         raise StudyStop(f"{stage}: still a pick at a grid edge after {MAX_EXTENSION_ROUNDS} extension rounds; "
                         f"see {extend}", 2)
 
     def tune(self) -> None:
-        self.train("tune", [f"experiment={self.plan.tune}", *self.plan.narrow])
+        self.train("tune", [f"experiment={self.plan.tune}", *self.narrow])
+        self.check_finished("tune")
         self.pick_lrs("tune")
 
     def tune_arms(self) -> None:
         for arm, lrs in self.plan.arm_lrs.items():
             self.train("tune_arms", [f"experiment={self.plan.tune_arms}", f"optimizer={arm}", f"optimizer.lr={lrs}",
-                                     *self.plan.narrow])
+                                     *self.narrow])
+        self.check_finished("tune_arms")
         self.pick_lrs("tune_arms")
 
     def evaluation(self) -> None:
-        self.train("eval", [f"experiment={self.plan.evaluation}", *self.plan.narrow])
+        self.train("eval", [f"experiment={self.plan.evaluation}", *self.narrow])
+        self.check_finished("eval")
 
     def report(self) -> None:
         command = [sys.executable, "-m", "altgrad.report", str(self.records), "--out", str(self.out)]
@@ -225,10 +274,37 @@ class Study:
 
     def run(self, until: str | None = None) -> None:
         for name in STAGES:
+            if self.plan.pilot is None and name in ("pilot", "horizon"):
+                continue
             getattr(self, name)()
             if name == until:
                 print(f"[study] stopped after {name} (--until)", flush=True)
                 return
+
+
+def best_and_worst(records: Path) -> tuple[str, str]:
+    """The formats with the lowest and the highest mean Δ of the primary contrast (paired by seed) in a finished
+    study's evaluation records. Raises ValueError when the records hold no complete declared evaluation."""
+    from altgrad.report.study import analyse, declared_endpoints
+
+    if not Path(records).is_dir():
+        raise ValueError(f"{records} does not exist: run the CPU study first (make study), or pass --formats A,B")
+    jobs = load_sweeps([records]).jobs
+    declared = declared_endpoints(jobs)
+    if not declared:
+        raise ValueError(f"{records}: no job declares an endpoint (the CPU study's evaluation has not run); "
+                         "pass --formats A,B")
+    endpoint, members = declared[0]
+    result = analyse(endpoint, members)
+    if result.missing_formats:
+        raise ValueError(f"{records}: the evaluation has no runs of {', '.join(result.missing_formats)} yet; finish "
+                         "the CPU study or pass --formats A,B")
+    means = {c.format: statistics.fmean(c.deltas.values()) for c in result.of(endpoint.primary_contrast) if c.deltas}
+    if len(means) < 2:
+        raise ValueError(f"{records}: fewer than two formats have paired results of the primary contrast; pass "
+                         "--formats A,B")
+    order = sorted(means, key=lambda f: (means[f], f))
+    return order[0], order[-1]
 
 
 def _key(override: str) -> str:
@@ -242,19 +318,38 @@ STAGES = ("pilot", "horizon", "tune", "tune_arms", "evaluation", "report")
 def main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m altgrad.sweep.study", description=__doc__.split("\n\n")[0])
     parser.add_argument("--debug", action="store_true", help="the debug-size twin of the study (a pipeline check)")
+    parser.add_argument("--evidence-gpu", action="store_true",
+                        help="the GPU confirmation (gpt_50m on EurLex; bf16_ref + the CPU study's best and worst)")
+    parser.add_argument("--formats", default=None,
+                        help="evidence: the two formats beside bf16_ref (default: the CPU study's best and worst)")
+    parser.add_argument("--cpu-records", type=Path, default=REPO / "docs" / "results" / "study-cpu" / "runs" / "eval",
+                        help="evidence: the CPU study's evaluation records the best and worst formats come from")
+    parser.add_argument("--budget-s", type=float, default=None,
+                        help="stop after this many seconds (the running job checkpoints); rerun to continue")
     parser.add_argument("--root", type=Path, default=None, help="sweep folders (default multirun/<study>)")
     parser.add_argument("--records", type=Path, default=None,
                         help="job records (default docs/results/<study>/runs, <study> with - for _)")
     parser.add_argument("--out", type=Path, default=None, help="report folder (default: the records' parent)")
     parser.add_argument("--until", choices=STAGES, default=None, help="stop after this stage")
     args = parser.parse_args(list(argv))
-    plan = PLANS["study_cpu_debug" if args.debug else "study_cpu"]
+    name = "evidence_gpu" if args.evidence_gpu else "study_cpu"
+    plan = PLANS[f"{name}_debug" if args.debug else name]
     slug = plan.name.replace("_", "-")
     root = args.root or REPO / "multirun" / slug
     records = args.records or REPO / "docs" / "results" / slug / "runs"
     out = args.out or records.parent
+    if args.budget_s is not None and args.budget_s <= 0:
+        print(f"error: --budget-s={args.budget_s:g} is invalid; valid: a positive number of seconds", file=sys.stderr)
+        return 2
     try:
-        Study(plan, root, records, out).run(args.until)
+        formats: tuple[str, ...] = ()
+        if plan.reference_format is not None:
+            if args.formats:
+                formats = tuple(f.strip() for f in args.formats.split(",") if f.strip())
+            else:
+                formats = best_and_worst(args.cpu_records)
+            print(f"[study] formats: {plan.reference_format} + {', '.join(formats)}", flush=True)
+        Study(plan, root, records, out, formats=formats, budget_s=args.budget_s).run(args.until)
     except StudyStop as stop:
         print(f"error: {stop}", file=sys.stderr)
         return stop.code
