@@ -56,6 +56,8 @@ CASES = {
     "resume into another model shape": (lambda r: _corpus("format=e4m3", "model.n_layer=2", f"ckpt_path={r / 'done'}",
                                                           "+resume_with_new_config=true"),
                                         "holds another model shape (model.n_layer: 1 → 2)"),
+    "a finished run's folder": (lambda r: _corpus("seed=7", f"hydra.run.dir={r / 'done'}"),
+                                "already holds a completed run (4 steps); give another hydra.run.dir"),
     "empty data file": (lambda r: [*QUICK, "data=local", "data.tokenizer=bytes", f"data.path={r / 'empty.txt'}"],
                         "every file is empty"),
     "binary data file": (lambda r: [*QUICK, "data=local", "data.tokenizer=bytes", f"data.path={r / 'binary.txt'}"],
@@ -76,7 +78,8 @@ CASES = {
 
 # One of each kind runs by default; the other variants of a kind run with `make test-slow`.
 SLOW = ("truncated checkpoint", "foreign checkpoint", "checkpoint with objects", "empty data file", "seed too large",
-        "resume with on-grid storage")
+        "resume with on-grid storage", "resume with another optimizer", "checkpoint past max_steps",
+        "unwritable cache dir", "empty checkpoint")
 
 
 @pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.slow) if c in SLOW else c for c in CASES])
@@ -85,8 +88,10 @@ def test_a_bad_input_is_one_line(case: str, files: Path, tmp_path: Path, fault_e
     args = make_args(files)
     if not any(a.startswith("hydra.run.dir=") for a in args):
         args.append(f"hydra.run.dir={tmp_path / 'run'}")
+    done = {p: p.read_bytes() for p in (files / "done").rglob("*") if p.is_file()}
     result = run_train(args, fault_env)
     assert result.returncode != 0
+    assert {p: p.read_bytes() for p in (files / "done").rglob("*") if p.is_file()} == done  # .hydra/ included
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and expected in errors[0], result.stderr[-3000:]
     assert "Traceback" not in result.stderr + result.stdout
@@ -94,7 +99,7 @@ def test_a_bad_input_is_one_line(case: str, files: Path, tmp_path: Path, fault_e
     assert not (run_dir / "checkpoints").exists() and not (run_dir / "metrics.csv").exists()
 
 
-@pytest.mark.parametrize("change", [["format=e5m2"], ["optimizer=sgd"]])
+@pytest.mark.parametrize("change", [["format=e5m2"], pytest.param(["optimizer=sgd"], marks=pytest.mark.slow)])
 def test_resume_with_new_config_is_explicit_and_recorded(change: list[str], files: Path, tmp_path: Path,
                                                          fault_env: dict[str, str]) -> None:
     run_dir = tmp_path / "run"

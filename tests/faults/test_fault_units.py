@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
@@ -124,6 +124,7 @@ def test_what_shapes_the_state_counts(key: str, value: object) -> None:
     assert [d.split(":")[0] for d in config_differences(BASE, _changed(**{key: value}))] == [key]
 
 
+@settings(max_examples=25, deadline=None)
 @given(st.dictionaries(st.sampled_from(["format.name", "optimizer.lr", "paths.output_dir", "trainer.max_steps"]),
                        st.integers(0, 3)))
 def test_differences_are_symmetric_and_only_state_keys(changes: dict[str, int]) -> None:

@@ -25,7 +25,7 @@ def straight(tmp_path_factory: pytest.TempPathFactory, fault_env: dict[str, str]
     return run_dir
 
 
-@pytest.mark.parametrize("name", ["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize("name", ["SIGTERM", pytest.param("SIGINT", marks=pytest.mark.slow)])
 def test_a_signal_mid_run_checkpoints_and_resumes_in_place(name: str, tmp_path: Path, straight: Path,
                                                           fault_env: dict[str, str]) -> None:
     signum = getattr(signal, name)
@@ -75,7 +75,9 @@ def test_a_signal_during_set_up_is_one_line(tmp_path: Path, fault_env: dict[str,
     run_dir = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "altgrad.train", *TINY, f"hydra.run.dir={run_dir}"], cwd=REPO,
                             env=fault_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(1.5)  # inside start-up: imports, config, data
+    deadline = time.monotonic() + 120
+    while not (run_dir / ".hydra" / "config.yaml").is_file() and time.monotonic() < deadline:
+        time.sleep(0.05)  # Hydra has set the job up: the run is starting (imports, data, model)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 128 + signal.SIGINT, err[-2000:]

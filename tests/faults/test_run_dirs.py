@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from fault_helpers import TINY, run_train, summary
 
 QUICK = [*TINY, "trainer.max_steps=3"]
@@ -35,6 +36,7 @@ def test_two_runs_started_together_get_two_folders(tmp_path: Path, fault_env: di
         assert _val_rows_at_step_0(run_dir) == 1  # its own records only
 
 
+@pytest.mark.slow
 def test_two_runs_in_one_explicit_folder_one_is_refused(tmp_path: Path, fault_env: dict[str, str]) -> None:
     run_dir = tmp_path / "shared"
     procs = [_start([*QUICK, f"hydra.run.dir={run_dir}"], fault_env, tmp_path) for _ in range(2)]
@@ -47,6 +49,7 @@ def test_two_runs_in_one_explicit_folder_one_is_refused(tmp_path: Path, fault_en
     assert summary(run_dir)["status"] == "completed" and _val_rows_at_step_0(run_dir) == 1
 
 
+@pytest.mark.slow  # the default suite checks the refusal in test_bad_inputs.py
 def test_a_finished_folder_is_refused_and_left_as_it_was(tmp_path: Path, fault_env: dict[str, str]) -> None:
     run_dir = tmp_path / "done"
     assert run_train([*QUICK, f"hydra.run.dir={run_dir}"], fault_env).returncode == 0
