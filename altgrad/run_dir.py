@@ -95,7 +95,8 @@ def claim(run_dir: Path, ckpt_path: str | os.PathLike | None) -> RunDirClaim:
     return RunDirClaim(run_dir, handle)
 
 
-def _writable(run_dir: Path) -> bool:
+def writable(run_dir: Path) -> bool:
+    """Whether run_dir can be created or written: its nearest existing ancestor is a writable folder."""
     probe = run_dir
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
@@ -107,7 +108,7 @@ def probe(run_dir: Path, ckpt_path: str | os.PathLike | None) -> None:
     so a refused run leaves the other run's folder untouched. Raises RunDirError (one line)."""
     import fcntl
 
-    if not _writable(run_dir):
+    if not writable(run_dir):
         raise RunDirError(f"run dir {run_dir} cannot be written (permission denied); give a writable hydra.run.dir")
     lock = run_dir / LOCK
     if lock.is_file():

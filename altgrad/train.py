@@ -464,13 +464,20 @@ def _interrupt_line(summary: dict[str, Any]) -> str:
 
 def _check_run_dir(args: list[str]) -> None:
     """A single run with an explicit hydra.run.dir: refuse a folder that is taken before Hydra writes into it."""
-    from altgrad.run_dir import EXIT_CODE, RunDirError, probe
+    from altgrad.run_dir import EXIT_CODE, RunDirError, probe, writable
 
-    if any(a in ("-m", "--multirun") for a in args) or any(a.startswith("+resume_sweep=") for a in args):
-        return  # a sweep's job dirs are checked per job; +resume_sweep resumes or skips what the folder holds
     given = dict(a.split("=", 1) for a in args if "=" in a and not a.startswith(("+", "~")))
+    sweep = any(a in ("-m", "--multirun") for a in args) or "experiment" in given
+    # A sweep's job dirs are checked per job (and +resume_sweep resumes or skips what a folder holds): here only
+    # whether the folder, or the default one's root, can be written at all.
+    root = given.get("hydra.sweep.dir" if sweep else "hydra.run.dir") or ("multirun" if sweep else "outputs")
+    if "${" not in root and not writable(Path(root)):
+        key = "hydra.sweep.dir" if sweep else "hydra.run.dir"
+        print(f"error: {root} cannot be written (permission denied or not a folder); give a writable {key}",
+              file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_CODE)
     run_dir = given.get("hydra.run.dir")
-    if not run_dir or "${" in run_dir:
+    if sweep or any(a.startswith("+resume_sweep=") for a in args) or not run_dir or "${" in run_dir:
         return
     try:
         ckpt = resolve_checkpoint(given["ckpt_path"]) if given.get("ckpt_path") not in (None, "null") else None

@@ -65,6 +65,8 @@ CASES = {
     "unwritable cache dir": (lambda r: _corpus(f"data.cache_dir={r / 'a_file' / 'cache'}"),
                              "data.cache_dir="),
     "unwritable run dir": (lambda r: _corpus(f"hydra.run.dir={r / 'a_file' / 'run'}"), "cannot be written"),
+    "unwritable sweep dir": (lambda r: ["-m", *_corpus("seed=1,2", f"hydra.sweep.dir={r / 'a_file' / 'sweep'}")],
+                             "cannot be written (permission denied or not a folder); give a writable hydra.sweep.dir"),
     "bad role value": (lambda r: _corpus("format=e4m3", "+layer_map.rules=[{match: lm_head, weight: e9m9}]"),
                        "layer_map rule 0 ('lm_head'): role 'weight': unknown format 'e9m9'; valid:"),
     "unreachable block size": (lambda r: ["model.block_size=100000", "trainer.max_steps=1", "logger=csv"],
