@@ -1,9 +1,9 @@
 """`checkpoints/last.ckpt`: written every N optimizer steps, at the end and on an interrupt, atomically.
 
 A crash mid-write leaves the previous last.ckpt intact, so `ckpt_path=<run dir>` can always resume. Each checkpoint
-records the run's resolved configuration, so a resume can tell whether it continues the same
-experiment (`altgrad.resume_check`). A signal noted by `altgrad.interrupts.GUARD` makes the run save at the step
-boundary it has reached and stop there.
+records the run's resolved configuration (so a resume can tell whether it continues the same experiment:
+`altgrad.resume_check`) and how many metrics.csv rows were written by then (`altgrad.metrics_csv`). A signal noted
+by `altgrad.interrupts.GUARD` makes the run save after the step it has reached and stop before the next one.
 """
 
 from __future__ import annotations

@@ -1,13 +1,14 @@
 """Interrupts as a result: SIGTERM, SIGINT, SIGUSR1 and SIGUSR2 end a run with a checkpoint, not a traceback.
 
 Before training starts (set-up, data, sanity check) a signal stops the run at once: there is no state to save. Once
-training runs, the first signal is only noted and the run stops after the current optimizer step, where
-`LastCheckpoint` saves `checkpoints/last.ckpt` (a step boundary: weights, optimizer, data position and RNG agree, and
-on-grid weights are back on their grid). A second signal stops at once. `train()` records status `interrupted`
-with the signal and the step; the command exits 128 + the signal number, as shells and schedulers expect.
+training runs, the first signal is only noted: `LastCheckpoint` saves `checkpoints/last.ckpt` after the current
+optimizer step (weights, optimizer, data position and RNG agree, on-grid weights are back on their grid) and stops
+the run before the next batch, once that step's metrics and validation are logged. A second signal stops at once.
+`train()` records status `interrupted` with the signal and the step; the command exits 128 + the signal number, as
+shells and schedulers expect.
 
 Lightning installs its own SIGTERM handler (which raises mid-validation and is not told about SIGINT/SIGUSR);
-`take_over()` re-installs ours when training starts, and Lightning restores ours when it tears down.
+`LastCheckpoint` calls `install()` again when training starts, and Lightning restores ours when it tears down.
 """
 
 from __future__ import annotations

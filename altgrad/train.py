@@ -1,9 +1,10 @@
 """`python -m altgrad.train [overrides]`: a thin Hydra entry point over the plain, testable `train(cfg) -> summary`.
 
-train() validates the config, builds data, model, callbacks, loggers and the Lightning Trainer, fits, and always ends
-by writing `summary.json` atomically in the run dir (status completed | diverged | failed). Everything it writes goes
-under `cfg.paths.output_dir` (Hydra's run dir by default). Heavy libraries load inside the functions that need them,
-so a mistyped override is reported within a second, before torch or Lightning is imported.
+train() validates the config, checks the checkpoint it resumes and claims its run dir, builds data, model, callbacks,
+loggers and the Lightning Trainer, fits, and always ends by writing `summary.json` atomically in the run dir (status
+completed | diverged | interrupted | failed). Everything it writes goes under `cfg.paths.output_dir` (Hydra's run dir
+by default). Heavy libraries load inside the functions that need them, so a mistyped override is reported within a
+second, before torch or Lightning is imported. docs/faults.md: interrupts, shared folders, resumes, bad inputs.
 """
 
 from __future__ import annotations
