@@ -8,12 +8,17 @@ into ``--records/<stage>/<job>`` as the job ends, and the report is written from
 
     python -m altgrad.sweep.study                       # the study; rerun to resume
     python -m altgrad.sweep.study --debug --root DIR --records DIR --out DIR   # the same pipeline at debug size
+    python -m altgrad.sweep.study --evidence-gpu --budget-s 540   # GPU confirmation, in resumable chunks
+
+``--evidence-gpu`` runs the same stages without a pilot (its horizon is its configuration's) for bf16_ref and the
+CPU study's best and worst formats (``--formats`` names them by hand).
 
 The horizon stage does not edit the configuration: it checks that the configured H (the evaluation's
 trainer.max_steps) passes the pilot's rule and stops with the H the pilot supports when it does not, unless the
 study's plan states why it keeps H anyway (``horizon_waiver``, printed with the rule's numbers). The lr stages
 stop when lr_pick refuses a pick that no extension scan can settle. Exit codes: 0 done, 1 a job failed (rerun to
-retry it), 2 a refusal or a configuration error (one line on stderr says which).
+retry it), 2 a refusal or a configuration error, 3 the time budget ran out (the running job checkpointed: rerun to
+go on); one line on stderr says which.
 """
 
 from __future__ import annotations
@@ -102,7 +107,8 @@ PLANS = {
 
 
 class StudyStop(Exception):
-    """A stage cannot go on; ``code`` is the exit status (1: a job failed, 2: a refusal or a config error)."""
+    """A stage cannot go on; ``code`` is the exit status (1: a job failed, 2: a refusal or a configuration error,
+    3: the time budget ran out)."""
 
     def __init__(self, message: str, code: int) -> None:
         super().__init__(message)
