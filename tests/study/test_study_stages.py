@@ -105,3 +105,34 @@ def test_the_cli_reports_a_stop_in_one_line(tmp_path: Path, monkeypatch, capsys)
     monkeypatch.setattr(Study, "run", stop)
     assert driver.main(["--root", str(tmp_path / "root"), "--records", str(tmp_path / "runs")]) == 1
     assert capsys.readouterr().err == f"error: {line}\n"
+
+
+def test_an_edge_pick_is_extended_until_it_is_bracketed(tmp_path: Path, monkeypatch) -> None:
+    st = make_study(tmp_path, min_lrs=3)
+    monkeypatch.setattr(st, "table", tmp_path / "conf" / "tuned.yaml")
+    loss = {1e-3: 3.0, 3e-3: 2.5, 1e-2: 2.0, 3e-2: 1.9, 0.1: 2.2, 0.3: 2.8}  # the best lr lies beyond the grid
+
+    def job(lr: float) -> None:
+        write_job(st.root / "tune" / f"baseline.lr={lr:g},format=e4m3,optimizer=adamw,seed=101",
+                  {"status": "completed", "final_val_loss": loss[lr], "lr": lr, "format": "e4m3",
+                   "optimizer": "adamw", "seed": 101},
+                  overrides=[f"baseline.lr={lr:g}", "format=e4m3", "optimizer=adamw", "seed=101",
+                             "experiment=study_cpu_tune"])
+
+    for lr in (1e-3, 3e-3, 1e-2):
+        job(lr)
+    ran: list[list[str]] = []
+
+    def fake_train(stage: str, args) -> None:  # what the extension command asks for, as the sweep would run it
+        ran.append(list(args))
+        lrs = next(a for a in args if a.startswith("baseline.lr=")).split("=", 1)[1]
+        for lr in lrs.split(","):
+            job(float(lr))
+
+    monkeypatch.setattr(st, "train", fake_train)
+    st.pick_lrs("tune")
+    assert [next(a for a in args if a.startswith("baseline.lr=")) for args in ran] == ["baseline.lr=0.03,0.1"]
+    assert "experiment=study_cpu_tune" in ran[0] and "seed=101" in ran[0] and "format=e4m3" in ran[0]
+    table = (tmp_path / "conf" / "tuned.yaml").read_text()
+    assert "    adamw: 0.03  # 5/5 lrs 0.001…0.1 stable, seeds [101]: final val loss 1.9000" in table
+    assert "    plain: 0.03  #" in table
