@@ -111,3 +111,14 @@ def test_the_command_runs_in_budgeted_chunks_to_the_end(env: dict[str, str], tmp
     assert (tmp_path / "out" / "report.md").is_file()
     if len(codes) > 1:  # a chunk ended by the budget: its job resumed from the checkpoint it saved
         assert interrupted or all(c == 3 for c in codes[:-1])
+
+
+def test_the_gpu_experiments_plan_their_grids() -> None:
+    from altgrad.sweep.plan import plan
+
+    formats = "format=bf16_ref,e4m3,e7m0"  # what the driver adds: the reference + the CPU study's best and worst
+    assert len(plan(["experiment=evidence_gpu_tune", formats])) == 3 * 3  # AdamW: 3 lrs × 3 formats, seed 101
+    arms = plan(["experiment=evidence_gpu_tune_arms", formats, "optimizer=manifold", "optimizer.lr=0.3,1.0,3.0"])
+    assert len(arms) == 3 * 3 and all(j.subdir.endswith("seed=101") for j in arms)
+    evaluation = plan(["experiment=evidence_gpu", formats])
+    assert len(evaluation) == 3 * 3 * 3 and {j.subdir.rsplit("=", 1)[1] for j in evaluation} == {"1", "2", "3"}
