@@ -52,9 +52,31 @@ def test_every_group_has_options() -> None:
                                                                 "submitit_slurm"}
 
 
+def first_sweep_point(tmp_path: Path, experiment: str) -> list[str]:
+    """The overrides of an experiment's first job: the first value of each of its sweeper params."""
+    cfg = compose_cfg(tmp_path, f"experiment={experiment}", hydra_cfg=True)
+    params = cfg.hydra.sweeper.get("params")
+    params = OmegaConf.to_container(params, resolve=False) if params is not None else {}
+    return [f"{key}={str(value).split(',')[0].strip()}" for key, value in params.items()]
+
+
 @pytest.mark.parametrize(("group", "option"), OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
-def test_option_composes_validates_and_instantiates(tmp_path: Path, group: str, option: str) -> None:
+def test_option_composes_validates_and_instantiates(tmp_path: Path, group: str, option: str,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     extra = []
+    if group == "experiment":
+        text = tmp_path / "evidence.txt"  # the GPU confirmation's debug twins read a text file named by this variable
+        text.write_text("Article 1\nThis Regulation applies.\n" * 50)
+        monkeypatch.setenv("ALTGRAD_EVIDENCE_TEXT", str(text))
+        extra = first_sweep_point(tmp_path, option)
+        first = compose_cfg(tmp_path, f"{group}={option}", *extra)
+        if "${tuned_lr." in str(OmegaConf.to_container(first, resolve=False)):
+            # a sweep that reads its lrs from a table that tuning writes: until the table exists it stops in one line
+            try:
+                validate(first)
+            except ConfigError as err:
+                assert "tuned_lr" in str(err) and "\n" not in str(err)
+                return
     if (group, option) == ("data", "local"):
         (tmp_path / "corpus.txt").write_text("Article 1\nThis Regulation applies.\n" * 50)
         extra = [f"data.path={tmp_path / 'corpus.txt'}"]
