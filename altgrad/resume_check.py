@@ -47,11 +47,12 @@ class ResumePlan:
     metrics_rows: int | None = None  # metrics.csv rows written when it was saved
 
 
-def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
+def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
+    """A nested config as {"dotted.key": leaf}, the form both resume checks compare."""
     if isinstance(node, dict):
         out: dict[str, Any] = {}
         for key, value in node.items():
-            out.update(_flatten(value, f"{prefix}{key}."))
+            out.update(flatten(value, f"{prefix}{key}."))
         return out
     return {prefix[:-1]: node}
 
@@ -62,7 +63,7 @@ def state_config(config: dict[str, Any]) -> dict[str, Any]:
         inside = any(key == k or key.startswith(k + ".") for k in STATE_KEYS)
         return inside and not any(fnmatch.fnmatch(key, k) or key.startswith(k + ".") for k in NOT_STATE)
 
-    return {k: v for k, v in _flatten(config).items() if counts(k)}
+    return {k: v for k, v in flatten(config).items() if counts(k)}
 
 
 def config_differences(stored: dict[str, Any], current: dict[str, Any]) -> list[str]:

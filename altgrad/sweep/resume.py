@@ -18,6 +18,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from altgrad.config import ConfigError
+from altgrad.resume_check import flatten
 
 FINISHED = ("completed", "diverged")
 SUMMARY = "summary.json"
@@ -27,18 +28,9 @@ NOT_IDENTITY = ("paths", "resume_sweep", "resume_with_new_config", "ckpt_path", 
                 "trainer.progress_refresh", "tuned_lr", "logger.*.save_dir", "logger.*.dir")
 
 
-def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(node, dict):
-        out: dict[str, Any] = {}
-        for key, value in node.items():
-            out.update(_flatten(value, f"{prefix}{key}."))
-        return out
-    return {prefix[:-1]: node}
-
-
 def _identity(config: dict[str, Any]) -> dict[str, Any]:
     """The flattened config without the keys of NOT_IDENTITY (and anything below them)."""
-    return {k: v for k, v in _flatten(config).items()
+    return {k: v for k, v in flatten(config).items()
             if not any(fnmatch.fnmatchcase(k, skip) or fnmatch.fnmatchcase(k, skip + ".*") for skip in NOT_IDENTITY)}
 
 
