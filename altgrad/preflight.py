@@ -91,7 +91,13 @@ def check_overrides(argv: list[str], conf_dir: Path, config_name: str = "train")
         combos = [c for batch in BasicSweeper.split_arguments(parsed, None) for c in batch][:MAX_COMBINATIONS]
         for combo in combos or [[]]:
             try:
-                cfg = compose(config_name=config_name, overrides=combo)
+                cfg = compose(config_name=config_name, overrides=combo, return_hydra_config=True)
+                # an experiment's own sweep (hydra.sweeper.params) also sets keys: take its first job's values
+                params = cfg.hydra.sweeper.get("params") or {}
+                given = {c.split("=", 1)[0].lstrip("+~") for c in combo}
+                first = [f"{k}={str(v).split(',')[0].strip()}" for k, v in params.items()
+                         if k.lstrip("+~") not in given]
+                cfg = compose(config_name=config_name, overrides=[*combo, *first])
                 validate(cfg, paths=False)
             except ConfigError as err:
                 return str(err)
