@@ -201,7 +201,10 @@ def test_preflight_messages(argv: list[str], expected: str) -> None:
 
 
 @pytest.mark.parametrize("argv", [[], ["-m", "seed=1,2", "format=fp32"], ["--help"], ["--cfg", "job"],
-                                  ["experiment=smoke"]])
+                                  ["experiment=smoke"],
+                                  # sweeps format itself: checked at its first format, not the default fp32
+                                  ["-m", "experiment=study_cpu_tune_arms", "optimizer=manifold",
+                                   "optimizer.lr=0.1,0.3"]])
 def test_preflight_accepts_good_command_lines(argv: list[str]) -> None:
     assert check_overrides(argv, CONF) is None
 
