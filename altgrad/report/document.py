@@ -8,6 +8,7 @@ from pathlib import Path
 
 from altgrad.report import plots, tables
 from altgrad.report.benefit import stability_thresholds, ulp_benefits
+from altgrad.report.caveats import caveat_lines
 from altgrad.report.cells import group_cells
 from altgrad.report.findings import findings
 from altgrad.report.load import Job, load_sweeps
@@ -93,6 +94,9 @@ def write_report(sweep_dirs: Sequence[str | os.PathLike[str]], out_dir: str | os
         findings(sweep, cells, benefits, attributions, threshold, studies, rule),
         "",
     ]
+    caveats = caveat_lines(sweep.jobs, [j for _, result in studies for j in result.jobs])
+    if caveats:
+        parts += ["### Caveats", "", "\n".join(f"- {line}" for line in caveats), ""]
     for experiment, result in studies:
         parts += [f"## Declared endpoint{f' ({experiment})' if experiment else ''}", "",
                   result.endpoint.describe() + ".", "",

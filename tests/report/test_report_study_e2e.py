@@ -65,6 +65,7 @@ def test_study_debug_twin_runs_end_to_end(tmp_path: Path, env: dict[str, str]) -
     assert "| manifold[update] − adamw | e4m3 | 1/0.003 | 2 | 0 of 2 / 0 of 2 |" in text
     assert "Which format benefits most: **not established**" in text
     assert "### Update sizes in ULPs and speed" in text
+    assert "### Caveats" in text and "- Scale: one model, nano" in text and "- Horizon: H = 5 steps" in text
 
 
 STUDY = {"study_cpu_pilot": 2, "study_cpu_tune": 7 * 4, "study_cpu": 7 * 3 * 5, "study_cpu_debug": 7 * 3 * 2}
