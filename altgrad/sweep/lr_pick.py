@@ -288,6 +288,15 @@ def table_updates(picks: dict[tuple[str, str], LrPick], table: dict[str, dict[st
     return new, problems
 
 
+def _shown(path: str | Path) -> str:
+    """A sweep folder as the table's comments name it: relative to the working directory when inside it (a
+    committed table should not carry one machine's absolute paths)."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
 def _note(pick: LrPick, sweeps: Sequence[str]) -> str:
     return (f"{len(pick.candidates)}/{len(pick.scanned)} lrs {pick.scanned[0]:g}…{pick.scanned[-1]:g} stable, seeds "
             f"{list(pick.seeds)}: final val loss {pick.score:.4f} ({', '.join(sweeps)})")
@@ -434,7 +443,7 @@ def main(argv: Sequence[str]) -> int:
     if refused:
         print("nothing written: resolve the refusals above first", file=sys.stderr)
         return 2
-    note_sweeps = [str(d) for d in args.sweep_dirs]
+    note_sweeps = [_shown(d) for d in args.sweep_dirs]
     if args.table:
         try:
             table, problems = table_updates(picks, read_table(args.table), note_sweeps)

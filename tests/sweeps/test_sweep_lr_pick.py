@@ -144,7 +144,9 @@ ADAMW_SCAN = (scan("adamw", "e4m3", {1e-3: 2.4, 3e-3: 2.2, 1e-2: 2.3, 3e-2: None
               + scan("adamw", "e5m2", {1e-3: 2.5, 3e-3: 2.45, 1e-2: 2.3, 3e-2: 2.6}))
 
 
-def test_the_table_holds_per_format_picks_and_adamws_pick_is_the_plain_lr(tmp_path: Path) -> None:
+def test_the_table_holds_per_format_picks_and_adamws_pick_is_the_plain_lr(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # the sweeps are named relative to the working directory in the table's comments
     table = tmp_path / "conf" / "experiment" / "optim" / "tuned" / "study.yaml"
     shutil.copytree(CONF_DIR, tmp_path / "conf")
     assert main([str(fake_scan(tmp_path / "s1", ADAMW_SCAN)), "--table", str(table), "--eval-seeds", "1,2,3",
@@ -160,7 +162,8 @@ def test_the_table_holds_per_format_picks_and_adamws_pick_is_the_plain_lr(tmp_pa
     assert tuned["e4m3"] == {"plain": 3e-3, "adamw": 3e-3, "manifold": 1.0, "relative": 0.03,
                              "adamw-ongrid_stochastic": 3e-3}
     assert tuned["e5m2"] == {"plain": 1e-2, "adamw": 1e-2}  # kept from the first stage
-    assert "seeds [101]: final val loss 2.1000" in table.read_text()  # where each pick came from
+    assert "seeds [101]: final val loss 2.1000 (s2)" in table.read_text()  # where each pick came from
+    assert str(tmp_path) not in table.read_text()  # no machine's absolute path in a committed table
     # an evaluation experiment reads it by interpolation: per format, per arm, plain groups at AdamW's pick
     (tmp_path / "conf" / "experiment" / "evaluate.yaml").write_text(
         "# @package _global_\ndefaults:\n  - /experiment/optim/tuned/study\n"
