@@ -9,7 +9,6 @@ by `altgrad.interrupts.GUARD` makes the run save after the step it has reached a
 from __future__ import annotations
 
 import os
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +16,7 @@ import lightning as L
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
+from altgrad.atomic import write_with
 from altgrad.interrupts import GUARD, InterruptGuard, RunInterrupted
 from altgrad.resume_check import RECORD, ResumePlan, adapt_checkpoint
 
@@ -30,12 +30,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                         ) -> None:
         target = Path(path)
         target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
-        try:
-            torch.save(checkpoint, tmp)
-            os.replace(tmp, target)
-        finally:
-            tmp.unlink(missing_ok=True)
+        write_with(target, lambda tmp: torch.save(checkpoint, tmp))
 
 
 class LastCheckpoint(L.Callback):

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import csv
 import os
-import uuid
 from pathlib import Path
 from typing import Any
 
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
+
+from altgrad.atomic import write_with
 
 METRICS = "metrics.csv"
 
@@ -57,12 +58,13 @@ class AppendingWriter(ExperimentWriter):
             # step - 1); the instruments' rows carry the optimizer step itself, so those after it are dropped.
             head = rows[: self._keep_rows or 0]
             rows = head + [r for r in rows[len(head):] if _step(r) < self._before_step]
-        tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-        with tmp.open("w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=header)
-            writer.writeheader()
-            writer.writerows(rows)
-        os.replace(tmp, path)  # atomic: a kill here leaves the old rows or the trimmed ones, never half a file
+        def write(tmp: Path) -> None:
+            with tmp.open("w", newline="") as f:
+                writer = csv.DictWriter(f, fieldnames=header)
+                writer.writeheader()
+                writer.writerows(rows)
+
+        write_with(path, write)  # a kill here leaves the old rows or the trimmed ones, never half a file
         self.metrics_keys = header
 
 

@@ -139,14 +139,6 @@ class GPT(nn.Module):
             x = block(x)
         return self.lm_head(self.transformer.ln_f(x))
 
-    def weight_decay_groups(self, weight_decay: float) -> list[dict]:
-        """nanoGPT's optimizer groups: matrices (dim >= 2) decay, biases and LayerNorm gains do not."""
-        params = [p for p in self.parameters() if p.requires_grad]
-        return [
-            {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
-            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-        ]
-
     def flops_per_token(self) -> float:
         """Training FLOPs per token (forward + backward), PaLM appendix B: 6N + 12·L·H·Q·T."""
         cfg = self.config

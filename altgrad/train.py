@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import sys
 import time
 import warnings
@@ -23,6 +22,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from altgrad.atomic import write_text
 from altgrad.config import ConfigError, resolve_checkpoint, validate
 from altgrad.host_memory import keep_freed_memory
 
@@ -192,11 +192,7 @@ def _plain(value: Any) -> Any:
 
 def write_summary(run_dir: Path, summary: dict[str, Any]) -> Path:
     """Write summary.json atomically: readers see the old file or the whole new one, never half of it."""
-    path = run_dir / SUMMARY
-    tmp = run_dir / f".{SUMMARY}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(_plain(summary), indent=2, allow_nan=False) + "\n")
-    os.replace(tmp, path)
-    return path
+    return write_text(run_dir / SUMMARY, json.dumps(_plain(summary), indent=2, allow_nan=False) + "\n")
 
 
 def _finish_status(summary: dict[str, Any]) -> None:

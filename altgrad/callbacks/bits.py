@@ -13,13 +13,13 @@ At each interval, before the optimizer step (weights and gradients of the same s
 from __future__ import annotations
 
 import csv
-import os
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 import torch
 
+from altgrad.atomic import write_with
 from altgrad.callbacks.base import Instrument, backbone, mean, metric_name, quantized_weights, to_floats
 from altgrad.diagnostics import code_histogram, code_index, entropy_bits, log2_stiffness, pearson
 from altgrad.quant import quantize
@@ -119,12 +119,13 @@ class BitsCallback(Instrument):
         if self.csv_path and self.trajectories and trainer.is_global_zero:
             path = Path(self.csv_path)
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(path.suffix + ".tmp")
-            with open(tmp, "w", newline="") as f:
-                writer = csv.writer(f)
-                writer.writerow(TRAJECTORY_COLUMNS)
-                writer.writerows(self.trajectories)
-            os.replace(tmp, path)
+            write_with(path, self._write_trajectories)
+
+    def _write_trajectories(self, path: Path) -> None:
+        with open(path, "w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(TRAJECTORY_COLUMNS)
+            writer.writerows(self.trajectories)
 
 
 def _np_histogram(v: Any) -> tuple[list[float], list[float]]:

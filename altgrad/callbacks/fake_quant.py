@@ -19,7 +19,6 @@ first (train() puts it there), so the other callbacks' ``on_train_batch_start`` 
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from collections.abc import Mapping
@@ -30,6 +29,7 @@ import lightning as L
 import torch
 from torch import nn
 
+from altgrad.atomic import write_json
 from altgrad.quant.fake_quant import GradQuantizer, StatsRecord, TensorQuantizer, set_track_stats
 from altgrad.quant.layer_map import LayerMap, ResolvedLayer
 from altgrad.quant.layers import iter_quant_linears, quantize_linears
@@ -132,9 +132,7 @@ class FakeQuantCallback(L.Callback):
         run_dir = self.run_dir or Path(trainer.default_root_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         payload = {name: r.to_dict() for name, r in resolved.items()}
-        tmp = run_dir / "layer_map.json.tmp"
-        tmp.write_text(json.dumps(payload, indent=2))
-        os.replace(tmp, run_dir / "layer_map.json")
+        write_json(run_dir / "layer_map.json", payload, indent=2)
 
     # -- weight storage policy -----------------------------------------------------------------------------------
     @torch.no_grad()

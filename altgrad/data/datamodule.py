@@ -8,12 +8,10 @@ consumed, saved in the checkpoint, so a resumed run continues the very same stre
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
 import re
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +22,7 @@ import tiktoken
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 
+from altgrad.atomic import write_json, write_with
 from altgrad.data.corpus import CORPUS_VERSION
 from altgrad.data.sources import DataUnavailableError, iter_texts, local_identity
 from altgrad.data.tokenizer import TokenizerUnavailableError, get_tokenizer
@@ -178,19 +177,13 @@ class TextDataModule(L.LightningDataModule):
         tokens = np.concatenate(chunks) if chunks else np.zeros(0, dtype=dtype)
         meta = {"identity": self._identity, "source": self.source, "n_tokens": int(tokens.size), "n_docs": n_docs,
                 "dtype": dtype.name, "vocab_size": enc.n_vocab}
-        # Write under a unique name and rename, so parallel jobs never read a half-written cache.
-        tmp = path.with_name(f"{path.name}.{uuid.uuid4().hex}.tmp")
-        tmp_meta = path.with_name(f"{path.stem}.{uuid.uuid4().hex}.json.tmp")
+        # Atomic writes (tokens first, then the metadata that makes them valid): parallel jobs never read a
+        # half-written cache, and a failure leaves nothing half-written behind.
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            tokens.tofile(tmp)
-            os.replace(tmp, path)
-            tmp_meta.write_text(json.dumps(meta, indent=2))
-            os.replace(tmp_meta, path.with_suffix(".json"))
+            write_with(path, tokens.tofile)
+            write_json(path.with_suffix(".json"), meta, indent=2)
         except OSError as err:
-            for leftover in (tmp, tmp_meta):  # nothing half-written stays behind
-                with contextlib.suppress(OSError):
-                    leftover.unlink(missing_ok=True)
             raise DataUnavailableError(
                 f"data.cache_dir={str(self.cache_dir)!r} cannot be written ({err.strerror or type(err).__name__}); "
                 "set data.cache_dir (or $ALTGRAD_CACHE) to a writable folder") from None

@@ -10,11 +10,10 @@ copies each job as it ends (``+hydra.callbacks.records._target_=altgrad.sweep.re
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from altgrad.atomic import copy_file
 
 RECORD_FILES = ("summary.json", "metrics.csv", "layer_map.json", ".hydra/overrides.yaml")
 """The files of a job's record, relative to its job dir."""
@@ -26,15 +25,7 @@ def _same(a: Path, b: Path) -> bool:
 
 def _copy_atomic(src: Path, dst: Path) -> None:
     dst.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=dst.parent, prefix=f".{dst.name}.")
-    os.close(fd)
-    try:
-        shutil.copyfile(src, tmp)
-        os.chmod(tmp, 0o644)  # mkstemp's 0600 would make committed records unreadable to others
-        os.replace(tmp, dst)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    copy_file(src, dst, mode=0o644)  # committed records stay readable to others whatever the umask
 
 
 def job_status(job_dir: Path) -> str | None:

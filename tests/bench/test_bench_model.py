@@ -9,6 +9,7 @@ import torch
 import yaml
 
 from altgrad.model import GPT, GPTConfig
+from altgrad.optim.factory import weight_decay_groups
 
 from bench_helpers import REPO
 
@@ -68,7 +69,7 @@ def test_nanogpt_init() -> None:
 
 def test_weight_decay_groups_cover_every_parameter_once() -> None:
     model = small()
-    decay, no_decay = model.weight_decay_groups(0.1)
+    (decay, no_decay), _ = weight_decay_groups(model, 0.1)
     assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
     assert all(p.dim() >= 2 for p in decay["params"]) and all(p.dim() < 2 for p in no_decay["params"])
     ids = [id(p) for g in (decay, no_decay) for p in g["params"]]
