@@ -25,9 +25,7 @@ from omegaconf.errors import (
     ValidationError,
 )
 
-
-class ConfigError(ValueError):
-    """A configuration value that cannot work; the message is one line naming the key, the value and what is valid."""
+from altgrad.errors import ConfigError
 
 
 def _choice(key: str, value: Any, valid: typing.Iterable[Any]) -> None:
@@ -81,9 +79,6 @@ class ModelSchema:
                f"a multiple of model.n_head={self.n_head}")
 
 
-DATA_SOURCES = ("embedded", "hub", "local")
-
-
 @dataclass
 class DataSchema:
     """`data=` group: where text comes from, how it is tokenized and cached, and how batches are drawn."""
@@ -108,6 +103,8 @@ class DataSchema:
     path: Optional[str] = None
 
     def __post_init__(self) -> None:
+        from altgrad.data.sources import DATA_SOURCES, resolve_local_files
+
         _choice("data.source", self.source, DATA_SOURCES)
         _choice("data.tokenizer", self.tokenizer, valid_tokenizers())
         for key in ("block_size", "batch_size", "val_batches", "corpus_chars"):
@@ -120,8 +117,6 @@ class DataSchema:
         if self.source == "hub":
             _check(bool(self.hub_path), "data.hub_path", self.hub_path, "a Hugging Face dataset path or folder")
         if self.source == "local":
-            from altgrad.data.sources import resolve_local_files
-
             resolve_local_files(self.path)  # raises ConfigError naming data.path when nothing matches
 
 
@@ -209,28 +204,6 @@ class OptimizerSchema:
         _check(self.weight_decay >= 0, "optimizer.weight_decay", self.weight_decay, "a float >= 0")
 
 
-ROUNDINGS = ("nearest", "stochastic", "toward_zero")
-OVERFLOWS = ("saturate", "overflow")
-SCALING_KINDS = ("none", "tensor", "delayed", "channel", "block")
-SCALING_REDUCES = ("max", "most_recent")
-
-
-@dataclass
-class ScalingSchema:
-    kind: str = "tensor"
-    pow2: bool = True
-    history: int = 16
-    reduce: str = "max"
-    margin: int = 0
-    block: int = 32
-
-    def __post_init__(self) -> None:
-        _choice("format.scaling.kind", self.kind, SCALING_KINDS)
-        _choice("format.scaling.reduce", self.reduce, SCALING_REDUCES)
-        _check(self.history >= 1, "format.scaling.history", self.history, "an integer >= 1")
-        _check(self.block >= 1, "format.scaling.block", self.block, "an integer >= 1")
-
-
 @dataclass
 class FormatSchema:
     """`format=` group (owned by the quantization layer): the keys the bench checks; extra keys are allowed."""
@@ -239,7 +212,7 @@ class FormatSchema:
     grad: Optional[str] = None
     rounding: str = "nearest"
     overflow: str = "saturate"
-    scaling: ScalingSchema = field(default_factory=ScalingSchema)
+    scaling: dict[str, Any] = field(default_factory=dict)  # checked by altgrad.quant.ScalingSpec
     ebits: Optional[int] = None
     mbits: Optional[int] = None
     bias: Optional[int] = None
@@ -250,8 +223,21 @@ class FormatSchema:
         _choice("format.name", self.name, formats)
         if self.grad is not None:
             _choice("format.grad", self.grad, formats)
+        try:  # the quantization core defines the choices; the plain fp32 bench may run without it
+            from altgrad.quant import OVERFLOWS, ROUNDINGS, ScalingSpec
+        except ImportError:
+            return
         _choice("format.rounding", self.rounding, ROUNDINGS)
         _choice("format.overflow", self.overflow, OVERFLOWS)
+        try:
+            ScalingSpec(**self.scaling)
+        except TypeError:
+            keys = [f.name for f in dataclasses.fields(ScalingSpec)]
+            unknown = ", ".join(sorted(set(self.scaling) - set(keys)))
+            raise ConfigError(f"format.scaling.{unknown} is not a known key of format.scaling; valid: "
+                              f"{', '.join(keys)}") from None
+        except ValueError as err:  # ScalingSpec's one line names scaling.<key>, the value and what is valid
+            raise ConfigError(f"format.{err}") from None
 
 
 @dataclass
@@ -261,16 +247,26 @@ class LayerMapSchema:
     name: str = MISSING
 
 
+MASTER_POLICIES = ("fp32", "none")
+"""`quant.master`: fp32 master weights quantized in the forward pass, or none (weights stored on the grid)."""
+STORAGE_ROUNDINGS = ("nearest", "stochastic")
+"""`quant.storage_rounding`: how weights are put back on their grid after each step when quant.master=none."""
+STATS_POLICIES = ("demand", "always")
+"""`quant.stats`: quantizer statistics only on the steps a diagnostic reads them, or on every call."""
+
+
 @dataclass
 class QuantSchema:
+    """`quant:` section: the weight-storage policy and when quantizers record statistics (FakeQuantCallback's)."""
+
     master: str = "fp32"
     storage_rounding: str = "nearest"
     stats: str = "demand"
 
     def __post_init__(self) -> None:
-        _choice("quant.master", self.master, ("fp32", "none"))
-        _choice("quant.storage_rounding", self.storage_rounding, ("nearest", "stochastic"))
-        _choice("quant.stats", self.stats, ("demand", "always"))
+        _choice("quant.master", self.master, MASTER_POLICIES)
+        _choice("quant.storage_rounding", self.storage_rounding, STORAGE_ROUNDINGS)
+        _choice("quant.stats", self.stats, STATS_POLICIES)
 
 
 @dataclass

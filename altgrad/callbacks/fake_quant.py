@@ -30,16 +30,12 @@ import torch
 from torch import nn
 
 from altgrad.atomic import write_json
+from altgrad.config import QuantSchema
 from altgrad.quant.fake_quant import GradQuantizer, StatsRecord, TensorQuantizer, set_track_stats
 from altgrad.quant.layer_map import LayerMap, ResolvedLayer
 from altgrad.quant.layers import iter_quant_linears, quantize_linears
 
 log = logging.getLogger(__name__)
-
-MASTER_POLICIES = ("fp32", "none")
-STORAGE_ROUNDINGS = ("nearest", "stochastic")
-STATS_POLICIES = ("demand", "always")
-
 
 def needs_quant_stats(trainer: L.Trainer) -> bool:
     """Whether any callback of ``trainer`` reads quantizer statistics in the training step that starts now.
@@ -86,13 +82,7 @@ class FakeQuantCallback(L.Callback):
         run_dir: str | os.PathLike | None = None,
         stats: str = "demand",
     ) -> None:
-        if master not in MASTER_POLICIES:
-            raise ValueError(f"quant.master={master!r} is not valid; valid: {', '.join(MASTER_POLICIES)}")
-        if storage_rounding not in STORAGE_ROUNDINGS:
-            raise ValueError(f"quant.storage_rounding={storage_rounding!r} is not valid; valid: "
-                             f"{', '.join(STORAGE_ROUNDINGS)}")
-        if stats not in STATS_POLICIES:
-            raise ValueError(f"quant.stats={stats!r} is not valid; valid: {', '.join(STATS_POLICIES)}")
+        QuantSchema(master, storage_rounding, stats)  # ConfigError (a ValueError) naming a bad choice
         self.layer_map = LayerMap.from_config(layer_map_cfg, format_cfg)
         self.master = master
         self.storage_rounding = storage_rounding

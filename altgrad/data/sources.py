@@ -13,9 +13,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from altgrad.config import ConfigError
 from altgrad.data.corpus import iter_documents
+from altgrad.errors import ConfigError
 
+DATA_SOURCES = ("embedded", "hub", "local")
+"""`data.source`: the embedded generator, a Hugging Face dataset (`data.hub_path`), or local files (`data.path`)."""
 # File suffix -> `datasets` packaged builder.
 BUILDERS = {".txt": "text", ".text": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 
@@ -117,7 +119,7 @@ def iter_texts(
         builder, files = resolve_local_files(path)
         ds = load_hf_dataset(builder, None, "train", data_files=files, label=f"data.path={path!r}")
     else:
-        raise ConfigError(f"data.source={source!r} is not valid; valid: embedded, hub, local")
+        raise ConfigError(f"data.source={source!r} is not valid; valid: {', '.join(DATA_SOURCES)}")
     if text_field not in ds.column_names:
         raise ConfigError(f"data.text_field={text_field!r} is not a column of the dataset; valid: "
                           f"{', '.join(ds.column_names)}")
