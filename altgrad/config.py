@@ -1,9 +1,10 @@
 """Structured-config schemas for `conf/train.yaml` and a start-up check that names the bad key, value and valid choices.
 
-Hydra composes plain YAML; `validate(cfg)` merges each section into its dataclass schema (types, unknown keys) and
-builds the dataclass (ranges and choices in `__post_init__`). Any problem becomes one `ConfigError` line, e.g.
-``trainer.max_steps='abc' is invalid: expected an integer``. Sections other workers extend (format, layer_map,
-optimizer, quant) check the keys they rely on and accept extra ones.
+Hydra composes plain YAML; `validate(cfg)` merges each section into its dataclass schema (types, unknown keys),
+builds the dataclass (ranges and choices in `__post_init__`) and returns them as one `RunConfig`, what `train()`
+reads. Any problem becomes one `ConfigError` line, e.g. ``trainer.max_steps='abc' is invalid: expected an integer``.
+Sections other workers extend (format, layer_map, optimizer, quant) check the keys they rely on and accept extra
+ones; what is built from them by `_target_` is built from the composed config (`RunConfig.composed`).
 """
 
 from __future__ import annotations
@@ -196,6 +197,7 @@ class OptimizerSchema:
     name: str = MISSING
     lr: float = MISSING
     weight_decay: float = 0.0
+    label: Optional[str] = None  # how reports name the arm (default: name)
 
     def __post_init__(self) -> None:
         _check(self._partial_ is True, "optimizer._partial_", self._partial_,
@@ -274,6 +276,48 @@ class PathsSchema:
     output_dir: str = MISSING
 
 
+@dataclass(frozen=True)
+class RunConfig:
+    """A checked run configuration: one typed object per section (defaults from the schemas above) and the scalars.
+
+    `composed` is the DictConfig it was checked from: the parts built by `_target_` (data, optimizer, loggers,
+    callbacks, the layer map) are built from it, since their owners' keys beyond the schema's are kept there, and
+    it is what a run records (summary.json, checkpoints).
+    """
+
+    composed: DictConfig
+    seed: int
+    run_name: str
+    ckpt_path: Optional[str]
+    experiment_name: Optional[str]
+    model: ModelSchema
+    data: DataSchema
+    trainer: TrainerSchema
+    schedule: ScheduleSchema
+    optimizer: OptimizerSchema
+    format: FormatSchema
+    layer_map: LayerMapSchema
+    quant: QuantSchema
+    paths: Optional[PathsSchema]  # None when validated with paths=False (outside a Hydra job)
+
+    @property
+    def run_dir(self) -> Path:
+        """`paths.output_dir`, where every file of the run goes (only known when validated with paths=True)."""
+        if self.paths is None:
+            raise ConfigError("paths.output_dir is not set: validate(cfg, paths=True) inside a Hydra job, or set it")
+        return Path(self.paths.output_dir)
+
+    @property
+    def optimizer_label(self) -> str:
+        """How reports name the arm: optimizer.label, else optimizer.name."""
+        return self.optimizer.label or self.optimizer.name
+
+    @property
+    def decay_steps(self) -> int:
+        """The cosine decay length: schedule.decay_steps, or trainer.max_steps when that is null."""
+        return self.schedule.decay_steps or self.trainer.max_steps
+
+
 @dataclass
 class Section:
     """One top-level key: its schema, and whether keys beyond the schema's are allowed."""
@@ -349,8 +393,8 @@ def _resolved(cfg: DictConfig, key: str) -> Any:
         raise ConfigError(f"{key}: cannot resolve {str(err).splitlines()[0]}") from None
 
 
-def validate(cfg: DictConfig, *, paths: bool = True) -> dict[str, Any]:
-    """Check every section of a composed train config; return the schema objects by section name.
+def validate(cfg: DictConfig, *, paths: bool = True) -> RunConfig:
+    """Check every section of a composed train config; return it typed, as train() uses it.
 
     paths=False skips `paths`, whose `${hydra:...}` interpolation only resolves inside a Hydra job.
     Raises ConfigError (one line) on the first problem.
@@ -372,7 +416,8 @@ def validate(cfg: DictConfig, *, paths: bool = True) -> dict[str, Any]:
             value = None
         _check(isinstance(value, types), key, value, " or ".join(
             {int: "an integer", str: "a string", bool: "true or false", type(None): "null"}[t] for t in types))
-    seed = _resolved(cfg, "seed") if "seed" in cfg else None
+    scalars = {key: _resolved(cfg, key) if key in cfg else None for key in SCALARS}
+    seed = scalars["seed"]
     _check(SEED_RANGE[0] <= seed <= SEED_RANGE[1], "seed", seed,
            f"an integer in [{SEED_RANGE[0]}, {SEED_RANGE[1]}] (2**32 - 1)")
     for key in TARGET_MAPPINGS:
@@ -383,7 +428,7 @@ def validate(cfg: DictConfig, *, paths: bool = True) -> dict[str, Any]:
         for name, entry in node.items():
             _check(entry is None or (isinstance(entry, dict) and "_target_" in entry), f"{key}.{name}", entry,
                    "null or a mapping with _target_")
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = {"paths": None}
     for key, section in SECTIONS.items():
         if key == "paths" and not paths:
             continue
@@ -398,10 +443,10 @@ def validate(cfg: DictConfig, *, paths: bool = True) -> dict[str, Any]:
         except OmegaConfBaseException as err:
             raise _section_error(key, err) from None
     _check_combinations(out)
-    ckpt = cfg.get("ckpt_path")
-    if ckpt is not None:
-        resolve_checkpoint(ckpt)
-    return out
+    if scalars["ckpt_path"] is not None:
+        resolve_checkpoint(scalars["ckpt_path"])
+    return RunConfig(composed=cfg, seed=seed, run_name=scalars["run_name"], ckpt_path=scalars["ckpt_path"],
+                     experiment_name=scalars["experiment_name"], **out)
 
 
 def _check_combinations(sections: dict[str, Any]) -> None:

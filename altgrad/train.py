@@ -23,12 +23,13 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from altgrad.atomic import write_text
-from altgrad.config import ConfigError, resolve_checkpoint, validate
+from altgrad.config import ConfigError, RunConfig, resolve_checkpoint, validate
 from altgrad.host_memory import keep_freed_memory
 
 if TYPE_CHECKING:
     import lightning as L
 
+    from altgrad.callbacks.fake_quant import FakeQuantCallback
     from altgrad.module import AltGradModule
     from altgrad.resume_check import ResumePlan
 
@@ -48,7 +49,16 @@ def _instantiate_mapping(node: DictConfig | None) -> list[Any]:
     return out
 
 
-def build_callbacks(cfg: DictConfig, run_dir: Path, resume: ResumePlan | None = None) -> list[L.Callback]:
+def build_fake_quant(run: RunConfig, run_dir: Path) -> FakeQuantCallback:
+    """FakeQuantCallback from the `format`, `layer_map` and `quant` sections (the layer map's own keys as composed)."""
+    from altgrad.callbacks.fake_quant import FakeQuantCallback
+
+    q = run.quant
+    return FakeQuantCallback(run.composed.format, run.composed.layer_map, master=q.master,
+                             storage_rounding=q.storage_rounding, seed=run.seed, run_dir=run_dir, stats=q.stats)
+
+
+def build_callbacks(run: RunConfig, run_dir: Path, resume: ResumePlan | None = None) -> list[L.Callback]:
     """Quantization + fingerprint, the configured callbacks (cfg.callbacks, in order), checkpointing, progress bar,
     and the once-per-run console warning about formats that flush or saturate a role."""
     from lightning.pytorch.callbacks import ProgressBar, TQDMProgressBar
@@ -63,47 +73,44 @@ def build_callbacks(cfg: DictConfig, run_dir: Path, resume: ResumePlan | None = 
             items.pop("v_num", None)
             return items
 
-    from altgrad.callbacks.fake_quant import FakeQuantCallback
     from altgrad.callbacks.fingerprint import FingerprintCallback
     from altgrad.callbacks.range_warning import RangeWarning
 
     # Quantization surgery comes first: every other callback sees the quantized model, and (master=none) the
     # weights are back on their grid before any instrument reads them after a step.
     # It also switches the quantizers' statistics on for the steps where a callback reads them (quant.stats=demand).
-    quant = FakeQuantCallback(cfg.format, cfg.layer_map, master=cfg.quant.master,
-                              storage_rounding=cfg.quant.storage_rounding, seed=cfg.seed, run_dir=run_dir,
-                              stats=cfg.quant.get("stats", "demand"))
-    callbacks = [quant, FingerprintCallback(), *_instantiate_mapping(cfg.get("callbacks"))]
+    callbacks = [build_fake_quant(run, run_dir), FingerprintCallback(),
+                 *_instantiate_mapping(run.composed.get("callbacks"))]
     try:  # recorded in every checkpoint, so a resume can check it continues the same configuration
-        config = OmegaConf.to_container(cfg, resolve=True)
+        config = OmegaConf.to_container(run.composed, resolve=True)
     except OmegaConfBaseException:  # e.g. ${hydra:...} outside a Hydra job: checkpoints then record none
         config = None
     callbacks.append(RangeWarning())
-    callbacks.append(LastCheckpoint(run_dir / "checkpoints", cfg.trainer.checkpoint_every_n_steps, config=config,
+    callbacks.append(LastCheckpoint(run_dir / "checkpoints", run.trainer.checkpoint_every_n_steps, config=config,
                                     resume=resume))
     if not any(isinstance(c, ProgressBar) for c in callbacks):
-        callbacks.append(LossProgressBar(refresh_rate=cfg.trainer.progress_refresh))
+        callbacks.append(LossProgressBar(refresh_rate=run.trainer.progress_refresh))
     return callbacks
 
 
-def build_loggers(cfg: DictConfig, run_dir: Path) -> list[Any]:
+def build_loggers(run: RunConfig, run_dir: Path) -> list[Any]:
     """The configured loggers (W&B offline by default); a CSVLogger writing metrics.csv in run_dir is always there."""
     from lightning.pytorch.loggers import CSVLogger
 
-    loggers = _instantiate_mapping(cfg.get("logger"))
+    loggers = _instantiate_mapping(run.composed.get("logger"))
     if not any(isinstance(lg, CSVLogger) for lg in loggers):
         loggers.insert(0, CSVLogger(save_dir=str(run_dir), name="", version=""))
     return loggers
 
 
-def build_trainer(cfg: DictConfig, run_dir: Path, callbacks: list[Any], loggers: list[Any]) -> L.Trainer:
+def build_trainer(run: RunConfig, run_dir: Path, callbacks: list[Any], loggers: list[Any]) -> L.Trainer:
     """A Lightning Trainer from the `trainer` group: step-based, validation every N steps, atomic checkpoints."""
     import lightning as L
     from lightning.pytorch.callbacks import ModelSummary
 
     from altgrad.checkpoint import AtomicCheckpointIO
 
-    t = cfg.trainer
+    t = run.trainer
     return L.Trainer(
         accelerator=t.accelerator,
         devices=t.devices,
@@ -129,22 +136,21 @@ def build_trainer(cfg: DictConfig, run_dir: Path, callbacks: list[Any], loggers:
     )
 
 
-def build_module(cfg: DictConfig, vocab_size: int) -> AltGradModule:
+def build_module(run: RunConfig, vocab_size: int) -> AltGradModule:
     """The LightningModule: GPT of the `model` group (vocab from the tokenizer unless set), optimizer, schedule."""
     from altgrad.model import GPTConfig
     from altgrad.module import AltGradModule, WarmupCosine
 
-    m = cfg.model
+    m = run.model
     gpt = GPTConfig(block_size=m.block_size, vocab_size=m.vocab_size or vocab_size, n_layer=m.n_layer,
                     n_head=m.n_head, n_embd=m.n_embd, dropout=m.dropout, bias=m.bias)
-    s = cfg.schedule
-    schedule = WarmupCosine(s.warmup_steps, s.decay_steps or cfg.trainer.max_steps, s.min_lr_ratio)
-    optimizer = OmegaConf.to_container(cfg.optimizer, resolve=True)
-    return AltGradModule(gpt, optimizer, schedule, compile=cfg.trainer.compile, peak_flops=cfg.trainer.peak_flops)
+    schedule = WarmupCosine(run.schedule.warmup_steps, run.decay_steps, run.schedule.min_lr_ratio)
+    optimizer = OmegaConf.to_container(run.composed.optimizer, resolve=True)
+    return AltGradModule(gpt, optimizer, schedule, compile=run.trainer.compile, peak_flops=run.trainer.peak_flops)
 
 
 # --- summary -----------------------------------------------------------------------------------------------------
-def base_summary(cfg: DictConfig) -> dict[str, Any]:
+def base_summary(run: RunConfig) -> dict[str, Any]:
     """The summary fields known before training; train() fills in the results."""
     return {
         "status": "completed",
@@ -154,24 +160,24 @@ def base_summary(cfg: DictConfig) -> dict[str, Any]:
         "initial_val_loss": None,
         "tokens_per_second": None,
         "wall_seconds": None,
-        "seed": int(cfg.seed),
-        "format": cfg.format.name,
-        "optimizer": cfg.optimizer.name,
-        "optimizer_label": cfg.optimizer.get("label") or cfg.optimizer.name,
-        "layer_map": cfg.layer_map.name,
-        "model": cfg.model.name,
-        "data": cfg.data.name,
-        "lr": float(cfg.optimizer.lr),
-        "master": cfg.quant.master,
-        "storage_rounding": cfg.quant.storage_rounding,
-        "experiment": cfg.get("experiment_name"),
-        "run_name": cfg.run_name,
+        "seed": run.seed,
+        "format": run.format.name,
+        "optimizer": run.optimizer.name,
+        "optimizer_label": run.optimizer_label,
+        "layer_map": run.layer_map.name,
+        "model": run.model.name,
+        "data": run.data.name,
+        "lr": float(run.optimizer.lr),
+        "master": run.quant.master,
+        "storage_rounding": run.quant.storage_rounding,
+        "experiment": run.experiment_name,
+        "run_name": run.run_name,
         "diverged_at_step": None,
         "divergence_cause": None,
         "error": None,
         "diagnostics": {},
         "fallbacks": [],
-        "config": OmegaConf.to_container(cfg, resolve=True),
+        "config": OmegaConf.to_container(run.composed, resolve=True),
     }
 
 
@@ -233,15 +239,15 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     from altgrad.resume_check import plan_resume
     from altgrad.run_dir import claim, resumes_here
 
-    validate(cfg)
-    run_dir = Path(cfg.paths.output_dir)
-    ckpt_path = str(resolve_checkpoint(cfg.ckpt_path)) if cfg.get("ckpt_path") else None
+    run = validate(cfg)
+    run_dir = run.run_dir
+    ckpt_path = str(resolve_checkpoint(run.ckpt_path)) if run.ckpt_path else None
     config = OmegaConf.to_container(cfg, resolve=True)
-    plan = plan_resume(ckpt_path, config, cfg.trainer.max_steps) if ckpt_path else None
+    plan = plan_resume(ckpt_path, config, run.trainer.max_steps) if ckpt_path else None
     run_claim = claim(run_dir, ckpt_path)
     in_place = resumes_here(run_dir, ckpt_path)
     previous = _previous_summary(run_dir) if in_place else {}
-    summary = base_summary(cfg)
+    summary = base_summary(run)
     if plan is not None:
         summary.update(resumed_from=ckpt_path, resumed_at_step=plan.step, resumed_in_place=in_place)
         if plan.differences:
@@ -255,21 +261,21 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         import torch
 
         _quiet_lightning()
-        L.seed_everything(cfg.seed, workers=True, verbose=False)
-        torch.set_float32_matmul_precision(cfg.trainer.matmul_precision)
-        if cfg.trainer.keep_freed_memory:
+        L.seed_everything(run.seed, workers=True, verbose=False)
+        torch.set_float32_matmul_precision(run.trainer.matmul_precision)
+        if run.trainer.keep_freed_memory:
             keep_freed_memory()
         datamodule = hydra.utils.instantiate(cfg.data, _convert_="all")
-        check_step_memory(cfg, datamodule.vocab_size)
-        module = build_module(cfg, datamodule.vocab_size)
-        callbacks = build_callbacks(cfg, run_dir, resume=plan)
-        loggers = build_loggers(cfg, run_dir)
+        check_step_memory(run, datamodule.vocab_size)
+        module = build_module(run, datamodule.vocab_size)
+        callbacks = build_callbacks(run, run_dir, resume=plan)
+        loggers = build_loggers(run, run_dir)
         if in_place and plan is not None:
             from altgrad.metrics_csv import append_on_resume
 
             stopped_here = previous.get("status") == "interrupted" and previous.get("steps") == plan.step
             append_on_resume(loggers, run_dir, plan.metrics_rows, None if stopped_here else plan.step)
-        trainer = build_trainer(cfg, run_dir, callbacks, loggers)
+        trainer = build_trainer(run, run_dir, callbacks, loggers)
         for logger in loggers:
             logger.log_hyperparams(summary["config"])
         if plan is not None and plan.differences:
@@ -282,8 +288,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         summary["n_params"] = module.model.num_params()
         summary.update(module.run_summary)
         _finish_status(summary)
-        if cfg.trainer.sample_tokens and summary["status"] == "completed":
-            summary["sample"] = _sample(module, datamodule.tokenizer, cfg.trainer.sample_tokens, cfg.seed)
+        if run.trainer.sample_tokens and summary["status"] == "completed":
+            summary["sample"] = _sample(module, datamodule.tokenizer, run.trainer.sample_tokens, run.seed)
     except RunInterrupted as err:
         signum = GUARD.signum if GUARD.signum is not None else err.signum
         step = int(trainer.global_step) if trainer is not None else 0

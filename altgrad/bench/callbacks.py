@@ -23,7 +23,6 @@ from typing import Any
 import lightning as L
 import torch
 
-from altgrad.bench import steady_state_compiles
 from altgrad.host_memory import keep_freed_memory
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
@@ -89,24 +88,19 @@ def compose(option: str, fmt: str, steps: int, run_dir: Path) -> Any:
 
 def build(option: str, fmt: str, steps: int, run_dir: Path) -> tuple[Any, list[Any], Any]:
     """(module, callbacks, batch size) of one variant, as train() would build them."""
-    from omegaconf import OmegaConf
-
     from altgrad.callbacks.fake_quant import FakeQuantCallback
-    from altgrad.train import _instantiate_mapping, build_module
+    from altgrad.config import validate
+    from altgrad.train import _instantiate_mapping, build_fake_quant, build_module
 
-    cfg = compose(option, fmt, steps, run_dir)
-    if cfg.trainer.keep_freed_memory:  # the process's malloc as train() sets it
+    run = validate(compose(option, fmt, steps, run_dir))
+    if run.trainer.keep_freed_memory:  # the process's malloc as train() sets it
         keep_freed_memory()
-    torch.manual_seed(int(cfg.seed))
-    module = build_module(cfg, vocab_size=257)
-    callbacks = _instantiate_mapping(cfg.get("callbacks"))
+    torch.manual_seed(run.seed)
+    module = build_module(run, vocab_size=257)
+    callbacks = _instantiate_mapping(run.composed.get("callbacks"))
     if not any(isinstance(c, FakeQuantCallback) for c in callbacks):
-        fq = FakeQuantCallback(OmegaConf.to_container(cfg.format, resolve=True),
-                               OmegaConf.to_container(cfg.layer_map, resolve=True),
-                               master=cfg.quant.master, storage_rounding=cfg.quant.storage_rounding,
-                               seed=int(cfg.seed), run_dir=run_dir, stats=cfg.quant.get("stats", "demand"))
-        callbacks.insert(0, fq)
-    return module, callbacks, int(cfg.data.batch_size)
+        callbacks.insert(0, build_fake_quant(run, run_dir))
+    return module, callbacks, run.data.batch_size
 
 
 def time_variant(option: str, fmt: str, steps: int, warmup: int, work: Path
@@ -148,7 +142,6 @@ def main(argv: list[str]) -> None:
     args = parser.parse_args(argv)
     if args.steps < 1 or args.warmup < 0 or args.rounds < 1:
         raise SystemExit("error: --steps and --rounds must be >= 1 and --warmup >= 0")
-    steady_state_compiles()
     if args.threads < 0:
         raise SystemExit("error: --threads must be >= 0 (0 = torch's default)")
     if args.threads:

@@ -90,8 +90,8 @@ def test_option_composes_validates_and_instantiates(tmp_path: Path, group: str, 
         launcher = getattr(importlib.import_module(module), name)(**params)
         assert type(launcher).__name__.endswith("Launcher")
         return
-    validate(cfg)
-    run_dir = Path(cfg.paths.output_dir)
+    run = validate(cfg)
+    run_dir = run.run_dir
     if group == "data":
         dm = hydra.utils.instantiate(cfg.data, _convert_="all")
         assert isinstance(dm, TextDataModule) and dm.name == option
@@ -100,9 +100,9 @@ def test_option_composes_validates_and_instantiates(tmp_path: Path, group: str, 
             model = GPT(GPTConfig(**{k: v for k, v in cfg.model.items() if k != "name"} | {"vocab_size": 257}))
         assert model.num_params() > 0
     elif group == "trainer":
-        if cfg.trainer.accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
-            cfg.trainer.accelerator = "cpu"  # same settings otherwise (bf16-mixed autocast exists on CPU too)
-        trainer = build_trainer(cfg, run_dir, build_callbacks(cfg, run_dir), [])
+        if run.trainer.accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
+            run.trainer.accelerator = "cpu"  # same settings otherwise (bf16-mixed autocast exists on CPU too)
+        trainer = build_trainer(run, run_dir, build_callbacks(run, run_dir), [])
         assert trainer.max_steps == cfg.trainer.max_steps
     elif group == "optimizer":
         factory = hydra.utils.instantiate({k: v for k, v in cfg.optimizer.items() if k not in ("name", "label")})
@@ -122,16 +122,16 @@ def test_option_composes_validates_and_instantiates(tmp_path: Path, group: str, 
                                            OmegaConf.to_container(cfg.layer_map, resolve=True))
         callback.apply(GPT(GPTConfig(block_size=8, vocab_size=16, n_layer=2, n_head=1, n_embd=8)))
     elif group == "logger":
-        loggers = build_loggers(cfg, run_dir)
+        loggers = build_loggers(run, run_dir)
         assert any(isinstance(lg, CSVLogger) and Path(lg.log_dir) == run_dir for lg in loggers)
         for lg in loggers:
             if isinstance(lg, WandbLogger):
                 assert lg._offline and lg.save_dir == str(run_dir)  # W&B never touches the network by default
     elif group == "callbacks":
-        callbacks = build_callbacks(cfg, run_dir)
+        callbacks = build_callbacks(run, run_dir)
         assert type(callbacks[-2]).__name__ == "LastCheckpoint"
     elif group == "experiment":
-        module = build_module(cfg, 257)
+        module = build_module(run, 257)
         assert module.model.config.n_layer == cfg.model.n_layer
 
 
@@ -178,8 +178,10 @@ def test_format_names_come_from_the_quantization_core() -> None:
 
 def test_defaults_validate(tmp_path: Path) -> None:
     cfg = compose_cfg(tmp_path)
-    sections = validate(cfg)
-    assert sections["model"].name == "nano" and sections["data"].tokenizer == "bytes"
+    run = validate(cfg)
+    assert run.model.name == "nano" and run.data.tokenizer == "bytes" and run.quant.stats == "demand"
+    assert run.composed is cfg and run.seed == 1337 and run.run_dir == Path(cfg.paths.output_dir)
+    assert run.decay_steps == run.trainer.max_steps  # schedule.decay_steps: null
     assert cfg.data.cache_dir  # never inside the repo: ALTGRAD_CACHE or ~/.cache/altgrad
     assert not Path(cfg.data.cache_dir).expanduser().resolve().is_relative_to(REPO)
 

@@ -60,5 +60,5 @@ def test_ddp_takes_one_rank_per_slurm_task(hydra_conf: None, monkeypatch: pytest
     validate(cfg, paths=False)
     monkeypatch.setenv("SLURM_NTASKS_PER_NODE", "4")
     assert cfg.trainer.devices == 4
-    assert validate(cfg, paths=False)["trainer"].devices == 4
+    assert validate(cfg, paths=False).trainer.devices == 4
     assert (cfg.trainer.accelerator, cfg.trainer.precision, cfg.trainer.compile) == ("gpu", "bf16-mixed", True)
