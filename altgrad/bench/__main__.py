@@ -9,9 +9,13 @@ import sys
 import altgrad.bench as _pkg
 
 
+COMMANDS = {"diagnostics_overhead": "callbacks"}  # module -> subcommand, where the two names differ
+
+
 def available() -> list[str]:
-    """Names of the benchmark modules in this package."""
-    return sorted(m.name for m in pkgutil.iter_modules(_pkg.__path__) if not m.name.startswith("_"))
+    """Subcommands: the benchmark modules of this package, by their COMMANDS name where they have one."""
+    modules = (m.name for m in pkgutil.iter_modules(_pkg.__path__) if not m.name.startswith("_"))
+    return sorted(COMMANDS.get(m, m) for m in modules)
 
 
 def main(argv: list[str]) -> int:
@@ -24,7 +28,8 @@ def main(argv: list[str]) -> int:
         if name not in names:
             print(f"error: unknown benchmark {name!r}; valid: {', '.join(names)}, all", file=sys.stderr)
             return 2
-        importlib.import_module(f"altgrad.bench.{name}").main(argv[1:])
+        module = next((m for m, command in COMMANDS.items() if command == name), name)
+        importlib.import_module(f"altgrad.bench.{module}").main(argv[1:])
     return 0
 
 
