@@ -8,10 +8,14 @@ once the vocabulary is known: a block size no machine here could train stops bef
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from altgrad.config import ConfigError, validate
+
+if TYPE_CHECKING:
+    from hydra.core.override_parser.types import Override
 
 HYDRA_ONLY_FLAGS = ("-h", "--help", "--hydra-help", "--info", "-i", "--cfg", "-c", "--resolve", "--package", "-p",
                     "--shell-completion", "-sc", "--config-path", "-cp", "--config-name", "-cn", "--config-dir",
@@ -30,6 +34,22 @@ def _one_line(err: BaseException) -> str:
                 parts.append(line)
         seen = seen.__cause__
     return " ".join(parts) or type(err).__name__
+
+
+def sweep_combinations(overrides: list[Override]) -> list[list[str]]:
+    """The override lines of each job a multirun of `overrides` would launch, in Hydra's basic sweeper's order:
+    the cartesian product of every discrete sweep's values (a key given twice: its last value, first place).
+    Interval sweeps (only other sweepers run them) give no combinations: Hydra itself checks those."""
+    choices: dict[str, list[str]] = {}
+    for o in overrides:
+        key = o.get_key_element()
+        if not o.is_sweep_override():
+            choices[key] = [f"{key}={o.get_value_element_as_str()}"]
+        elif o.is_discrete_sweep():
+            choices[key] = [f"{key}={value}" for value in o.sweep_string_iterator()]
+        else:
+            return []
+    return [list(combo) for combo in itertools.product(*choices.values())]
 
 
 def _multirun_by_config(config_name: str, overrides: list[str]) -> bool:
@@ -54,7 +74,6 @@ def check_overrides(argv: list[str], conf_dir: Path, config_name: str = "train")
     overrides = [a for a in argv if a not in ("-m", "--multirun")]
 
     from hydra import compose, initialize_config_dir
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
@@ -88,7 +107,7 @@ def check_overrides(argv: list[str], conf_dir: Path, config_name: str = "train")
                 if value not in options:
                     return (f"{o.key_or_group}={value} is not an option of the {o.key_or_group} group; "
                             f"valid: {', '.join(options)}")
-        combos = [c for batch in BasicSweeper.split_arguments(parsed, None) for c in batch][:MAX_COMBINATIONS]
+        combos = sweep_combinations(parsed)[:MAX_COMBINATIONS]
         for combo in combos or [[]]:
             try:
                 cfg = compose(config_name=config_name, overrides=combo, return_hydra_config=True)

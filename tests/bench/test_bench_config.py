@@ -211,6 +211,24 @@ def test_preflight_accepts_good_command_lines(argv: list[str]) -> None:
     assert check_overrides(argv, CONF) is None
 
 
+@pytest.mark.parametrize(("overrides", "jobs"), [
+    ([], [[]]),
+    (["seed=1,2", "format=e4m3,e5m2"], [["seed=1", "format=e4m3"], ["seed=1", "format=e5m2"],
+                                        ["seed=2", "format=e4m3"], ["seed=2", "format=e5m2"]]),
+    (["+x=1,2", "~y", "seed=3", "seed=range(1,3)"], [["+x=1", "~y=null", "seed=1"], ["+x=1", "~y=null", "seed=2"],
+                                                    ["+x=2", "~y=null", "seed=1"], ["+x=2", "~y=null", "seed=2"]]),
+    (["optimizer.lr=choice(0.1,0.3)", "model=nano"], [["optimizer.lr=0.1", "model=nano"],
+                                                      ["optimizer.lr=0.3", "model=nano"]]),
+    (["optimizer.lr=interval(0.1,0.3)"], []),  # only other sweepers sample intervals: left to Hydra
+])
+def test_sweep_combinations_are_the_basic_sweepers_jobs(overrides: list[str], jobs: list[list[str]]) -> None:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from altgrad.preflight import sweep_combinations
+
+    assert sweep_combinations(OverridesParser.create().parse_overrides(overrides)) == jobs
+
+
 # --- schedule and optimizer groups ------------------------------------------------------------------------------
 def test_warmup_cosine_schedule() -> None:
     s = WarmupCosine(warmup_steps=10, decay_steps=110, min_ratio=0.1)
