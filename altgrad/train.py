@@ -9,6 +9,7 @@ second, before torch or Lightning is imported. docs/faults.md: interrupts, share
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -141,9 +142,8 @@ def build_module(run: RunConfig, vocab_size: int) -> AltGradModule:
     from altgrad.model import GPTConfig
     from altgrad.module import AltGradModule, WarmupCosine
 
-    m = run.model
-    gpt = GPTConfig(block_size=m.block_size, vocab_size=m.vocab_size or vocab_size, n_layer=m.n_layer,
-                    n_head=m.n_head, n_embd=m.n_embd, dropout=m.dropout, bias=m.bias)
+    shape = {k: v for k, v in dataclasses.asdict(run.model).items() if k != "name"}  # every other key: a field
+    gpt = GPTConfig(**shape | {"vocab_size": run.model.vocab_size or vocab_size})
     schedule = WarmupCosine(run.schedule.warmup_steps, run.decay_steps, run.schedule.min_lr_ratio)
     optimizer = OmegaConf.to_container(run.composed.optimizer, resolve=True)
     return AltGradModule(gpt, optimizer, schedule, compile=run.trainer.compile, peak_flops=run.trainer.peak_flops)

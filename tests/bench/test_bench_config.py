@@ -13,7 +13,7 @@ from hydra.core.global_hydra import GlobalHydra
 from lightning.pytorch.loggers import CSVLogger, WandbLogger
 from omegaconf import DictConfig, OmegaConf
 
-from altgrad.config import ConfigError, valid_formats, validate
+from altgrad.config import ConfigError, RunConfig, valid_formats, validate
 from altgrad.data.datamodule import TextDataModule
 from altgrad.model import GPT, GPTConfig
 from altgrad.module import WarmupCosine
@@ -58,6 +58,27 @@ def first_sweep_point(tmp_path: Path, experiment: str) -> list[str]:
     params = cfg.hydra.sweeper.get("params")
     params = OmegaConf.to_container(params, resolve=False) if params is not None else {}
     return [f"{key}={str(value).split(',')[0].strip()}" for key, value in params.items()]
+
+
+def instantiate_run(run: RunConfig) -> None:
+    """Build everything train() builds before it fits, the way it builds it: the data module, the module (on the
+    meta device: the big presets cost nothing), the callbacks with FakeQuantCallback first (applied to the model),
+    the loggers and the Trainer."""
+    from altgrad.callbacks.fake_quant import FakeQuantCallback
+
+    datamodule = hydra.utils.instantiate(run.composed.data, _convert_="all")
+    assert isinstance(datamodule, TextDataModule) and datamodule.batch_size == run.data.batch_size
+    with torch.device("meta"):
+        module = build_module(run, 257)
+    assert module.model.config.n_layer == run.model.n_layer
+    callbacks = build_callbacks(run, run.run_dir)
+    assert isinstance(callbacks[0], FakeQuantCallback) and callbacks[0].stats == run.quant.stats
+    with torch.device("meta"):
+        callbacks[0].apply(module.model)
+    if run.trainer.accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
+        run.trainer.accelerator = "cpu"  # same settings otherwise (bf16-mixed autocast exists on CPU too)
+    trainer = build_trainer(run, run.run_dir, callbacks, build_loggers(run, run.run_dir))
+    assert trainer.max_steps == run.trainer.max_steps
 
 
 @pytest.mark.parametrize(("group", "option"), OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
@@ -130,9 +151,7 @@ def test_option_composes_validates_and_instantiates(tmp_path: Path, group: str, 
     elif group == "callbacks":
         callbacks = build_callbacks(run, run_dir)
         assert type(callbacks[-2]).__name__ == "LastCheckpoint"
-    elif group == "experiment":
-        module = build_module(run, 257)
-        assert module.model.config.n_layer == cfg.model.n_layer
+    instantiate_run(validate(cfg))  # every option, whatever its group: the whole run builds
 
 
 def test_experiment_sweeps_are_hydra_sweeper_params(tmp_path: Path) -> None:
