@@ -45,6 +45,8 @@ class AppendingWriter(ExperimentWriter):
         self._keep_rows, self._before_step = keep_rows, before_step
         super().__init__(log_dir)
 
+    # Overrides a private hook of Lightning's ExperimentWriter (Lightning 2.6: the writer's __init__ calls it, and
+    # Lightning's version deletes metrics.csv); check that it still exists and is called when Lightning is upgraded.
     def _check_log_dir_exists(self) -> None:
         path = Path(self.metrics_file_path)
         if not path.is_file():

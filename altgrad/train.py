@@ -401,6 +401,8 @@ def _quiet_lightning() -> None:
     warnings.filterwarnings("ignore", message=r".*resuming from a checkpoint that ended before the epoch ended.*")
     # The run dir already holds .hydra/ when the CSV logger starts; it only ever writes metrics.csv/hparams.yaml.
     warnings.filterwarnings("ignore", message=r".*Experiment logs directory .* exists and is not empty.*")
+    # Lightning 2.6.6's utilities/_pytree.py uses torch's LeafSpec, which torch 2.13 deprecates with a warning:
+    # remove this filter once the Lightning in use no longer triggers it.
     warnings.filterwarnings("ignore", message=r".*treespec, LeafSpec.*")
 
 

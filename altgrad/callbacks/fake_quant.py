@@ -5,16 +5,16 @@ Surgery happens in ``setup``, which Lightning calls before checkpoint weights ar
 ``configure_optimizers`` and before any ``torch.compile`` of the backbone, so all of them see the quantized model.
 
 Statistics on demand (``stats="demand"``, the default; ``quant.stats`` in the run config): the per-call statistics
-of every TensorQuantizer/GradQuantizer (saturated, flushed, subnormal fractions, NaN/Inf count, amax, scale) cost
-about as much as the quantization, and most steps nobody reads them. At every ``on_train_batch_start`` (before the
-forward) this callback asks every callback of the trainer that has a ``needs_quant_stats(trainer) -> bool`` method
-whether it reads them in the step that starts now, and turns ``track_stats`` of every quantizer of the backbone on
-iff one does (the flags are only written when that answer changes). Validation and the sanity check run with them
-off (no consumer reads validation statistics; the buffers keep the last training step's). After training they are
-on again, the quantizers' default. ``stats_step`` of every quantizer (a shared StatsRecord) names the training step
-the buffers are from. A torch.compiled backbone gets one graph per setting (two; dynamo guards on the flag).
-``stats="always"`` never touches the flags (every call records, as without this callback). This callback comes
-first (train() puts it there), so the other callbacks' ``on_train_batch_start`` already sees the step's flags.
+of every TensorQuantizer/GradQuantizer (saturated, flushed, subnormal fractions, NaN/Inf count, amax, scale) are
+further passes over every quantized tensor, and most steps nobody reads them. At every ``on_train_batch_start``
+(before the forward) this callback asks every callback of the trainer that has a ``needs_quant_stats(trainer) ->
+bool`` method whether it reads them in the step that starts now, and turns ``track_stats`` of every quantizer of the
+backbone on iff one does (the flags are only written when that answer changes). Validation and the sanity check run
+with them off (no consumer reads validation statistics; the buffers keep the last training step's). After training
+they are on again, the quantizers' default. ``stats_step`` of every quantizer (a shared StatsRecord) names the
+training step the buffers are from. A torch.compiled backbone gets one graph per setting (two; dynamo guards on the
+flag). ``stats="always"`` never touches the flags (every call records, as without this callback). This callback
+comes first (train() puts it there), so the other callbacks' ``on_train_batch_start`` already sees the step's flags.
 """
 
 from __future__ import annotations
