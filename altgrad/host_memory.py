@@ -2,14 +2,11 @@
 
 By default glibc serves blocks above a (dynamic) threshold with a fresh ``mmap`` and gives heap memory back to the
 kernel when enough of it is free at the top. A training step frees and re-allocates the same activation and gradient
-buffers every step, so memory handed back is faulted in again, page by page, in the next step (in a VM each fault is
-a few µs). Fake quantization adds temporaries and made this happen: measured on the 2-core CPU, the eager nano step
-with every Linear quantized took ≈ 2,400 page faults per step (the unquantized one none), ≈ 8 % of its time.
-Keeping freed memory (the same as ``GLIBC_TUNABLES=glibc.malloc.mmap_threshold=...:glibc.malloc.trim_threshold=...:
-glibc.malloc.mmap_max=0`` set for the process, or a caching allocator such as jemalloc) removes them; the process
-keeps its peak heap. The mmap threshold cannot exceed 32 MiB, so blocks above it (a large model's logits, a 2^24
-float32 tensor: 16,384 faults, ≈ 85 % of an ``x.clone()``'s time here) are taken off mmap altogether (mmap_max = 0:
-glibc then serves them from the heap, falling back to the main arena when a thread's arena cannot hold one).
+buffers every step, so memory handed back is faulted in again, page by page, in the next step. Keeping freed memory
+(the same as ``GLIBC_TUNABLES=glibc.malloc.mmap_threshold=...:glibc.malloc.trim_threshold=...:glibc.malloc.mmap_max=0``
+set for the process, or a caching allocator such as jemalloc) removes those faults; the process keeps its peak heap.
+The mmap threshold cannot exceed 32 MiB, so blocks above it are taken off mmap altogether (mmap_max = 0: glibc then
+serves them from the heap). Measurements: docs/benchmarks/step.md.
 """
 
 from __future__ import annotations
@@ -29,7 +26,7 @@ _KEPT: list[bool] = []  # [True] once keep_freed_memory succeeded in this proces
 
 def freed_memory_kept() -> bool:
     """Whether this process keeps freed memory (keep_freed_memory succeeded): a large fresh tensor is then reused
-    heap memory, not a page-faulting mmap (``quant.streaming`` picks its stores by it)."""
+    heap memory, not a page-faulting mmap."""
     return bool(_KEPT)
 
 

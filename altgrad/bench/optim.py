@@ -19,7 +19,6 @@ from typing import Any
 
 import torch
 
-from altgrad.bench import steady_state_compiles
 from altgrad.callbacks.fake_quant import FakeQuantCallback
 from altgrad.model import GPT, GPTConfig
 from altgrad.optim import build_optimizer
@@ -83,7 +82,6 @@ def main(argv: list[str]) -> None:
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    steady_state_compiles()
     rows = measure(args.steps, args.warmup, args.format)
     n_params = sum(p.numel() for p in quantized_nano(args.format).parameters())
     ref_wall, ref_cpu = next((w, c) for label, w, c, _, _ in rows if label == "adamw")

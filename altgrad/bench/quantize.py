@@ -3,13 +3,12 @@
 Every preset × rounding mode, beside torch's native low-precision round-trip casts and ml_dtypes' round trips.
 Each row is timed right after an x.clone() (interleaved), and its ratio is the median of those pairs, so drift
 of a shared machine cancels; a compiled `x + 0` row shows the floor of any kernel writing fresh memory.
-First calls compile the kernels (reported separately, not timed in the table); like a training loop that has
-called a shape ``ALTGRAD_STATIC_AFTER`` times, the bench times the kernels compiled for the tensor's own shape.
+First calls build or compile the kernels (reported separately, not timed in the table).
 The process's malloc is set up as a training run sets it (``--allocator keep``: trainer.keep_freed_memory, freed
 blocks reused, so neither x.clone() nor a kernel page-faults its fresh output); ``--allocator default`` leaves
 glibc's, under which a 2^24 tensor is a fresh mmap each call and its 16,384 page faults take ≈ 85 % of either side.
-On the CPU a tensor this large is rounded by the streaming-store kernel (``altgrad.quant.streaming``); the inductor
-kernels it replaces there (same bits, ordinary stores) are shown beside it for one preset.
+On the CPU, float32 is rounded by the native kernel (``altgrad.quant.native``); the torch.compile'd kernels it
+replaces there (same bits) are shown beside it for one preset.
 On CUDA a sample is the device time of ``--calls`` back-to-back calls between two events, per call: the copy
 engine's bandwidth against the kernel's, with the host's launch work overlapped as it is in a training loop.
 Usage: python -m altgrad.bench quantize [--log2n 24] [--repeats 7] [--device cpu|cuda] [--formats e4m3,e5m2]
@@ -27,12 +26,10 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from altgrad.bench import steady_state_compiles
-from altgrad.host_memory import freed_memory_kept, keep_freed_memory
-from altgrad.quant import ROUNDINGS, get_format, list_formats, quantize
+from altgrad.host_memory import keep_freed_memory
+from altgrad.quant import ROUNDINGS, get_format, list_formats, native, quantize
 from altgrad.quant.fused import fused
-from altgrad.quant.rounding import _kernel_for, draw_seed, kernel_params, kernel_variant
-from altgrad.quant.streaming import takes_streaming
+from altgrad.quant.rounding import compiled_kernel, draw_seed, kernel_params, kernel_variant
 
 _TORCH_CASTS = {"e4m3fn": "float8_e4m3fn", "e5m2": "float8_e5m2", "bf16": "bfloat16", "fp16": "float16"}
 _ML_DTYPES = ("float8_e4m3fn", "float8_e5m2", "float8_e3m4", "float8_e4m3")
@@ -96,7 +93,6 @@ def main(argv: list[str]) -> None:
     args = _parse(argv)
     device = torch.device(args.device)
     calls = args.calls if device.type == "cuda" else 1
-    steady_state_compiles()
     kept = keep_freed_memory() if args.allocator == "keep" else False
     n = 1 << args.log2n
     gen = torch.Generator(device=device).manual_seed(0)
@@ -113,19 +109,19 @@ def main(argv: list[str]) -> None:
     def plus_zero(t: torch.Tensor) -> torch.Tensor:
         return t + 0
 
-    floor = fused(plus_zero, static=True)  # a fused loop with no arithmetic: what any fresh-output kernel costs
+    floor = fused(plus_zero)  # a fused loop with no arithmetic: what any fresh-output kernel costs
     floor(x)
     rows.append(("compiled x + 0 (floor)", "-", lambda: floor(x)))
-    streamed = device.type == "cpu" and takes_streaming(x)
-    if streamed:  # the inductor kernels the streaming one replaces at this size: same bits, ordinary stores
+    on_native = native.takes(x) and native.kernel() is not None
+    if on_native:  # the torch.compile'd kernels the native one replaces: same bits
         name = "e4m3" if "e4m3" in args.formats.split(",") else args.formats.split(",")[0]
         fmt = get_format(name)
         seed = draw_seed(device, seed=0)
         for rounding in args.roundings.split(","):
-            inductor = _kernel_for(kernel_variant(fmt, rounding, "saturate"), None)
+            inductor = compiled_kernel(kernel_variant(fmt, rounding, "saturate"), None)
             call = (x, kernel_params(fmt, rounding, "saturate", device), seed if rounding == "stochastic" else None)
             inductor(*call)
-            rows.append((f"{name} (inductor kernel)", rounding, lambda k=inductor, c=call: k(*c)))
+            rows.append((f"{name} (compiled kernel)", rounding, lambda k=inductor, c=call: k(*c)))
     for name in args.formats.split(","):
         fmt = get_format(name)
         for rounding in args.roundings.split(","):
@@ -176,8 +172,7 @@ def main(argv: list[str]) -> None:
           f"{torch.get_num_threads()} threads, median of {args.repeats} runs after {args.warmup} warm-up"
           f"{f', {calls} back-to-back calls per run' if calls > 1 else ''}, torch {torch.__version__}")
     print(f"malloc: {'freed blocks kept, as in training (no page faults)' if kept else 'glibc defaults'}; "
-          f"kernel: {'hand-written AVX2 (altgrad/quant/streaming.cpp)' if streamed else 'inductor'}"
-          f"{(', streaming stores' if freed_memory_kept() else ', ordinary stores') if streamed else ''}")
+          f"kernel: {'native (altgrad/quant/native_kernel.cpp)' if on_native else 'torch.compile (inductor)'}")
     print("compile (first call, not in the table): "
           + ", ".join(f"{r} {s:.1f} s" for r, s in compile_s.items()))
     cpu = device.type == "cpu"

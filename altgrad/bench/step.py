@@ -30,7 +30,6 @@ import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 
-from altgrad.bench import steady_state_compiles
 from altgrad.callbacks.fake_quant import FakeQuantCallback
 from altgrad.callbacks.probe import quantizers
 from altgrad.host_memory import keep_freed_memory
@@ -106,7 +105,6 @@ def main(argv: list[str]) -> None:
     stats_every = args.stats_every or int(OmegaConf.load(CONF / "trainer" / "cpu.yaml").log_every_n_steps)
     if stats_every < 1:
         raise SystemExit("--stats-every must be >= 1")
-    steady_state_compiles()
     kept = keep_freed_memory() if args.allocator == "keep" else False
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():

@@ -13,16 +13,14 @@ shared StatsRecord, and ``stats_step`` then says which step those values are fro
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Iterable
-from typing import NamedTuple
 
 import torch
 from torch import nn
 
+from altgrad.quant import native
 from altgrad.quant.format import get_format
-from altgrad.quant.fused import compile_enabled, fused
-from altgrad.quant.quant_call import quant_call, quant_call_body, quant_call_many
+from altgrad.quant.quant_call import quant_call, quant_call_body
 from altgrad.quant.rounding import draw_seed, kernel_params, kernel_variant, quantize_scaled
 from altgrad.quant.scaling import Scaler, compute_scale, make_scaler, scale_consts
 from altgrad.quant.spec import QuantSpec
@@ -68,7 +66,7 @@ class _Straight(torch.autograd.Function):
 def _traced_quantize(x: torch.Tensor, spec: QuantSpec, scaler: Scaler, seed: torch.Tensor | None,
                      with_stats: bool) -> tuple[torch.Tensor, torch.Tensor | None, tuple[torch.Tensor, ...]]:
     """(quantize(x·s)/s, stats or None, the scaler's new state), traced inline into the caller's graph (inside
-    torch.compile; eager dispatch goes through ``_quantize_into``); nothing is written."""
+    torch.compile; eager dispatch goes through ``Quantizer.quantize_now``); nothing is written."""
     sc = spec.scaling
     p = kernel_params(spec.format, spec.rounding, spec.overflow, x.device)
     consts = scale_consts(spec.format, sc.margin, x.device)
@@ -78,143 +76,14 @@ def _traced_quantize(x: torch.Tensor, spec: QuantSpec, scaler: Scaler, seed: tor
                            sc.reduce, sc.block, variant, with_stats)
 
 
-class _Plan(NamedTuple):
-    """What one quantizer's eager-dispatched call needs, resolved once per (spec, scaler kind, device, stats)."""
-
-    key: tuple
-    call: fused
-    params: torch.Tensor
-    consts: torch.Tensor
+NATIVE_KINDS = ("none", "tensor", "delayed")  # scale kinds the native kernel computes itself
 
 
-def _plan(owner: nn.Module, device: torch.device) -> _Plan:
-    """The owner's cached call for this device (rebuilt when its spec, scaler or stats flag changes)."""
-    spec, scaler = owner.spec, owner.scaler
-    key = (spec, type(scaler), device, owner.track_stats)
-    plan = owner.__dict__.get("_plan")
-    if plan is not None and plan.key[0] is spec and plan.key[1:] == key[1:]:
-        return plan
-    sc = spec.scaling
-    variant = kernel_variant(spec.format, spec.rounding, spec.overflow)
-    call = quant_call(type(scaler).scale_fn, sc.pow2, sc.reduce, sc.block, variant, owner.track_stats)
-    plan = _Plan(key, call, kernel_params(spec.format, spec.rounding, spec.overflow, device),
-                 scale_consts(spec.format, sc.margin, device))
-    owner.__dict__["_plan"] = plan  # a plain attribute (not state): never saved, rebuilt on demand
-    return plan
-
-
-class _Direct:
-    """One quantizer's road for one input signature once ``fused`` has compiled that signature: x (and the seed)
-    go straight into the compiled graph and its outputs straight into the buffers, with everything else (kernel
-    parameters, constants, which buffer each output goes to) resolved when it was built. Same graph as the general
-    road, so the same bits; it saves per-call Python, paid 35 times per train step of the nano model: a whole
-    input-quantizer call on 2048x128 (2048x512) took 153 -> 117 µs (317 -> 285 µs) here, interleaved medians."""
-
-    __slots__ = ("spec", "scaler", "state", "stats", "run", "head", "dst")
-
-    def __init__(self, owner: nn.Module, plan: _Plan, static: object, state: tuple[torch.Tensor, ...],
-                 update: bool) -> None:
-        self.spec, self.scaler, self.state = owner.spec, owner.scaler, state
-        self.stats = owner.stats if owner.track_stats else None
-        self.run = static.compiled  # tensors in (x, params, consts, [seed], *state), tensors out (y, [stats], *new)
-        self.head = (plan.params, plan.consts)
-        self.dst = ([self.stats] if self.stats is not None else []) + (list(state) if update else [])
-
-    def fits(self, owner: nn.Module, state: tuple[torch.Tensor, ...]) -> bool:
-        """Whether the owner still has the spec and the very buffers this road writes (not replaced since)."""
-        return (self.spec is owner.spec and self.scaler is owner.scaler and len(state) == len(self.state)
-                and all(map(operator.is_, state, self.state))
-                and (self.stats is None or self.stats is owner.stats))
-
-    def __call__(self, x: torch.Tensor, seed: torch.Tensor | None) -> torch.Tensor:
-        outs = self.run(x, *self.head, *self.state) if seed is None else self.run(x, *self.head, seed, *self.state)
-        if self.dst:
-            torch._foreach_copy_(self.dst, list(outs[1:1 + len(self.dst)]))
-        return outs[0]
-
-
-def _quantize_into(owner: nn.Module, x: torch.Tensor, seed: torch.Tensor | None, update: bool) -> torch.Tensor:
-    """quantize(x·s)/s through the owner's fused call, then its new scaler state (when ``update``) and statistics
-    (when tracked) copied into the owner's buffers in one foreach copy; eager dispatch only (not when traced).
-    Once the call's signature has its static compile, later calls of that input signature take a ``_Direct`` road.
-
-    (Writing the buffers inside the compiled graph instead was measured 1.5x slower on a 2048x512 input: the
-    in-place update of the scale it also reads split the fused loops.)"""
-    state = owner.scaler.state()
-    key = (x.shape, x.stride(), x.dtype, x.device, update, owner.track_stats)
-    roads = owner.__dict__.get("_direct")
-    direct = roads.get(key) if roads is not None else None
-    if direct is not None and direct.fits(owner, state) and compile_enabled():
-        return direct(x, seed)  # (the compiled graph records no autograd history: x need not be detached)
-    x = x.detach()
-    plan = _plan(owner, x.device)
-    with torch.no_grad():
-        y, stats, new = plan.call(x, plan.params, plan.consts, seed, *state)
-        dst, src = (list(state), list(new)) if update else ([], [])
-        if stats is not None:
-            dst.append(owner.stats)
-            src.append(stats)
-        if dst:
-            torch._foreach_copy_(dst, src)
-    static = plan.call.static_for(x, plan.params, plan.consts, seed, *state)
-    if static is not None:  # this signature is compiled now: later calls take the direct road
-        owner.__dict__.setdefault("_direct", {})[key] = _Direct(owner, plan, static, state, update)
-    return y
-
-
-class _StraightMany(torch.autograd.Function):
-    """``_Straight`` for n pairs at once: (x1..xn, y1..yn) -> (y1..yn), each gradient passed to its x."""
-
-    @staticmethod
-    def forward(ctx, *xs_and_ys):  # noqa: ANN002, ANN205
-        n = len(xs_and_ys) // 2
-        ctx.n = n
-        return xs_and_ys[n:]
-
-    @staticmethod
-    def backward(ctx, *grads):  # noqa: ANN002, ANN205
-        return (*grads, *([None] * ctx.n))
-
-
-def quantize_many(pairs: list[tuple[TensorQuantizer, torch.Tensor]]) -> list[torch.Tensor]:
-    """``q(x)`` for every (TensorQuantizer, x) pair, with one fused dispatch per configuration instead of one per
-    tensor (same values, scaler states and statistics as separate calls; stochastic seeds are drawn in pair order).
-    Eager dispatch only: inside a traced region call the quantizers themselves."""
-    out: list[torch.Tensor | None] = [None] * len(pairs)
-    groups: dict[tuple, list[int]] = {}
-    for i, (q, x) in enumerate(pairs):
-        if not q.enabled:
-            out[i] = x
-            continue
-        groups.setdefault((q.spec, type(q.scaler), x.device, q.track_stats, q.training), []).append(i)
-    for (spec, scaler_type, device, with_stats, training), idx in groups.items():
-        if len(idx) == 1:
-            q, x = pairs[idx[0]]
-            out[idx[0]] = q(x)
-            continue
-        sc = spec.scaling
-        call = quant_call_many(scaler_type.scale_fn, sc.pow2, sc.reduce, sc.block,
-                               kernel_variant(spec.format, spec.rounding, spec.overflow), with_stats, len(idx))
-        flat: list[torch.Tensor | None] = []
-        dst: list[torch.Tensor] = []
-        keep: list[bool] = []  # which of the call's written tensors go to a buffer (eval: the stats only)
-        for i in idx:
-            q, x = pairs[i]
-            state = q.scaler.state()
-            flat += [x.detach(), _seed_for(spec, x), *state]
-            dst += [*state] if training else []
-            dst += [q.stats] if with_stats else []
-            keep += [training] * len(state) + [True] * with_stats
-        with torch.no_grad():
-            # Always the training graph (new states computed, then dropped in eval): the values do not depend on
-            # it, and validation and sampling then reuse its compile instead of tracing the unrolled graph again.
-            ys, written = call(kernel_params(spec.format, spec.rounding, spec.overflow, device),
-                               scale_consts(spec.format, sc.margin, device), True, *flat)
-            if dst:
-                torch._foreach_copy_(dst, [w for w, k in zip(written, keep) if k])
-        for i, y in zip(idx, _StraightMany.apply(*(pairs[i][1] for i in idx), *ys)):
-            out[i] = y
-    return out
+def choose_road(spec: QuantSpec) -> str:
+    """How a quantizer with ``spec`` runs an eager call on a float32 CPU tensor: ``native`` (the C++ kernel, where it
+    serves the scale kind and is available) or ``compiled`` (the torch.compile'd quant_call; eager with
+    ``ALTGRAD_COMPILE=0``). Other devices and dtypes always take the compiled road."""
+    return "native" if spec.scaling.kind in NATIVE_KINDS and native.kernel() is not None else "compiled"
 
 
 class _QuantGrad(torch.autograd.Function):
@@ -236,7 +105,7 @@ class _QuantGrad(torch.autograd.Function):
                                  scale_pow2=spec.scaling.powers_of_two)
             return gq, None, None, None
         if not torch.compiler.is_compiling():
-            return _quantize_into(owner, grad, seed, update=True), None, None, None
+            return owner.quantize_now(grad, seed, update=True), None, None, None
         gq, stats, new = _traced_quantize(grad, spec, owner.scaler, seed, owner.track_stats)
         owner.scaler.load_state_(new)
         if stats is not None:
@@ -302,7 +171,75 @@ class _StatsMarker:
         return None if record is None else record.step
 
 
-class TensorQuantizer(_StatsMarker, nn.Module):
+class Quantizer(_StatsMarker, nn.Module):
+    """What TensorQuantizer and GradQuantizer share: the spec, its scaler (state in buffers), the ``stats`` buffer,
+    the ``enabled`` and ``track_stats`` switches and the road an eager call takes (``road``, chosen once per spec)."""
+
+    def __init__(self, spec: QuantSpec, role: str, track_stats: bool) -> None:
+        super().__init__()
+        if not isinstance(spec, QuantSpec):
+            raise ValueError(f"{type(self).__name__} needs a QuantSpec, got {type(spec).__name__}")
+        self.spec = spec
+        self.role = role
+        self.enabled = True
+        self.track_stats = track_stats
+        self.scaler = make_scaler(spec.scaling, spec.format)
+        self.register_buffer("stats", torch.zeros(len(STAT_NAMES), dtype=torch.float32))
+        self.road_for: tuple[QuantSpec, str] = (spec, choose_road(spec))  # (the spec it was chosen for, road)
+
+    @property
+    def road(self) -> str:
+        """``native`` or ``compiled`` (see ``choose_road``); chosen again only when ``spec`` is replaced."""
+        spec, road = self.road_for
+        if spec is not self.spec:
+            self.road_for = (self.spec, road := choose_road(self.spec))
+        return road
+
+    def quantize_now(self, x: torch.Tensor, seed: torch.Tensor | None, update: bool) -> torch.Tensor:
+        """quantize(x·s)/s with the scaler's state, writing the new state (when ``update``) and the statistics (when
+        tracked) into the buffers; eager dispatch only (traced calls go through ``_traced_quantize``)."""
+        if self.road == "native" and native.takes(x) and self.stats.device.type == "cpu":
+            y = self._native(x, seed, update)
+            if y is not None:
+                return y
+        return self._compiled(x, seed, update)
+
+    def _native(self, x: torch.Tensor, seed: torch.Tensor | None, update: bool) -> torch.Tensor | None:
+        spec, state = self.spec, self.scaler.state()
+        sc = spec.scaling
+        return native.quant_call(
+            native.kernel(), x, kernel_params(spec.format, spec.rounding, spec.overflow, x.device), spec.rounding,
+            native.variant_flags(kernel_variant(spec.format, spec.rounding, spec.overflow)), seed, sc.kind, sc.pow2,
+            scale_consts(spec.format, sc.margin, x.device), scale=state[-1] if state else None,
+            history=state[0] if sc.kind == "delayed" else None, reduce_max=sc.reduce == "max", update=update,
+            stats=self.stats if self.track_stats else None)
+
+    def _compiled(self, x: torch.Tensor, seed: torch.Tensor | None, update: bool) -> torch.Tensor:
+        spec, state = self.spec, self.scaler.state()
+        sc = spec.scaling
+        call = quant_call(type(self.scaler).scale_fn, sc.pow2, sc.reduce, sc.block,
+                          kernel_variant(spec.format, spec.rounding, spec.overflow), self.track_stats)
+        with torch.no_grad():
+            y, stats, new = call(x.detach(), kernel_params(spec.format, spec.rounding, spec.overflow, x.device),
+                                 scale_consts(spec.format, sc.margin, x.device), seed, *state)
+            if update:
+                for buf, value in zip(state, new):
+                    buf.copy_(value)
+            if stats is not None:
+                self.stats.copy_(stats)
+        return y
+
+    def stat_dict(self) -> dict[str, torch.Tensor]:
+        """STAT_NAMES → 0-dim tensors of the last recorded call (still on device; reading them is the caller's sync)."""
+        return dict(zip(STAT_NAMES, self.stats.unbind(0)))
+
+    def extra_repr(self) -> str:
+        s = self.spec
+        return (f"role={self.role}, format={s.format}, rounding={s.rounding}, scaling={s.scaling.kind}, "
+                f"road={self.road}")
+
+
+class TensorQuantizer(Quantizer):
     """STE fake quantization of one tensor role with the spec's scaling; scaler state and ``stats`` in buffers.
 
     ``enabled = False`` makes it the identity (for shadow passes). Scaler state is updated only in training mode.
@@ -310,15 +247,7 @@ class TensorQuantizer(_StatsMarker, nn.Module):
     """
 
     def __init__(self, spec: QuantSpec, role: str = "weight", track_stats: bool = True) -> None:
-        super().__init__()
-        if not isinstance(spec, QuantSpec):
-            raise ValueError(f"TensorQuantizer needs a QuantSpec, got {type(spec).__name__}")
-        self.spec = spec
-        self.role = role
-        self.enabled = True
-        self.track_stats = track_stats
-        self.scaler = make_scaler(spec.scaling, spec.format)
-        self.register_buffer("stats", torch.zeros(len(STAT_NAMES), dtype=torch.float32))
+        super().__init__(spec, role, track_stats)
 
     def _scale(self, x: torch.Tensor, update: bool) -> torch.Tensor | None:
         return None if self.spec.scaling.kind == "none" else self.scaler(x, update=update)
@@ -328,7 +257,7 @@ class TensorQuantizer(_StatsMarker, nn.Module):
             return x
         spec = self.spec
         if not torch.compiler.is_compiling():
-            return _Straight.apply(x, _quantize_into(self, x, _seed_for(spec, x), update=self.training))
+            return _Straight.apply(x, self.quantize_now(x, _seed_for(spec, x), update=self.training))
         y, stats, new = _traced_quantize(x, spec, self.scaler, _seed_for(spec, x), self.track_stats)
         if self.training:
             self.scaler.load_state_(new)
@@ -356,40 +285,15 @@ class TensorQuantizer(_StatsMarker, nn.Module):
                                 scale_pow2=spec.scaling.powers_of_two))
         return w
 
-    def stat_dict(self) -> dict[str, torch.Tensor]:
-        """STAT_NAMES → 0-dim tensors (still on device; reading them as floats is the caller's sync)."""
-        return dict(zip(STAT_NAMES, self.stats.unbind(0)))
 
-    def extra_repr(self) -> str:
-        s = self.spec
-        return f"role={self.role}, format={s.format}, rounding={s.rounding}, scaling={s.scaling.kind}"
-
-
-class GradQuantizer(_StatsMarker, nn.Module):
+class GradQuantizer(Quantizer):
     """Identity forward; quantizes grad_output in the backward pass with ``spec``, recording ``stats`` there (when
     ``track_stats`` is on at the backward)."""
 
     def __init__(self, spec: QuantSpec | None = None, track_stats: bool = True) -> None:
-        super().__init__()
-        spec = spec or _default_grad_spec()
-        if not isinstance(spec, QuantSpec):
-            raise ValueError(f"GradQuantizer needs a QuantSpec, got {type(spec).__name__}")
-        self.spec = spec
-        self.role = "grad"
-        self.enabled = True
-        self.track_stats = track_stats
-        self.scaler = make_scaler(spec.scaling, spec.format)
-        self.register_buffer("stats", torch.zeros(len(STAT_NAMES), dtype=torch.float32))
+        super().__init__(spec or _default_grad_spec(), "grad", track_stats)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.enabled or not torch.is_grad_enabled() or not x.requires_grad:
             return x
         return _QuantGrad.apply(x, self.spec, _seed_for(self.spec, x), self)
-
-    def stat_dict(self) -> dict[str, torch.Tensor]:
-        """STAT_NAMES → 0-dim tensors of the last backward pass."""
-        return dict(zip(STAT_NAMES, self.stats.unbind(0)))
-
-    def extra_repr(self) -> str:
-        s = self.spec
-        return f"format={s.format}, rounding={s.rounding}, scaling={s.scaling.kind}"

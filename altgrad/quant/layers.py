@@ -2,6 +2,8 @@
 
 The wrapper takes over the original Linear's Parameters (the same objects), so optimizers, tied weights
 (nanoGPT's ``lm_head`` ↔ ``wte``) and state-dict keys (``lm_head.weight``) are unchanged by the surgery.
+Outside training, a layer reuses its quantized weight while nothing it depends on has changed (``weight_cache``):
+the tokens of a sample and the batches of a validation pass see the same weights.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from altgrad.quant.fake_quant import GradQuantizer, TensorQuantizer, quantize_many
+from altgrad.quant.fake_quant import GradQuantizer, TensorQuantizer
 from altgrad.quant.spec import QuantSpec
 
 
@@ -38,15 +40,34 @@ class QuantLinear(nn.Module):
         self.weight_q = TensorQuantizer(weight, "weight") if weight is not None else None
         self.input_q = TensorQuantizer(input, "input") if input is not None else None
         self.grad_q = GradQuantizer(grad) if grad is not None else None
+        # (the weight, what else it was quantized with, the quantized weight); see ``quantized_weight``
+        self.weight_cache: tuple[torch.Tensor, tuple, torch.Tensor] | None = None
+
+    def quantized_weight(self) -> torch.Tensor:
+        """The weight as the forward pass uses it. Outside training, without autograd and with deterministic rounding,
+        the last result is reused while the weight (its version counter counts in-place updates), the quantizer's
+        spec, scaler, scaler state and switches are all unchanged; a training call drops it."""
+        q, w = self.weight_q, self.weight
+        if q is None:
+            return w
+        if torch.compiler.is_compiling():
+            return q(w)
+        if self.training or torch.is_grad_enabled() or q.spec.rounding == "stochastic":
+            self.weight_cache = None
+            return q(w)
+        key = (w._version, w.data_ptr(), q.spec, q.scaler, q.enabled, q.track_stats,
+               tuple(b._version for b in q.scaler.state()))
+        cache = self.weight_cache
+        if cache is not None and cache[0] is w and cache[1] == key:
+            return cache[2]
+        wq = q(w)
+        self.weight_cache = (w, key, wq)
+        return wq
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.input_q is not None:
             x = self.input_q(x)
-        # quantized ahead by the model's WeightBatch hook (eager dispatch only; older dynamo cannot trace the pop)
-        w = None if torch.compiler.is_compiling() else self.__dict__.pop("_wq", None)
-        if w is None:
-            w = self.weight_q(self.weight) if self.weight_q is not None else self.weight
-        y = F.linear(x, w, self.bias)
+        y = F.linear(x, self.quantized_weight(), self.bias)
         if self.grad_q is not None:
             y = self.grad_q(y)
         return y
@@ -78,26 +99,6 @@ def weight_grids(model: nn.Module) -> dict[nn.Parameter, TensorQuantizer]:
     return {m.weight: m.weight_q for _, m in iter_quant_linears(model) if m.weight_q is not None}
 
 
-class WeightBatch:
-    """Forward pre-hook of the quantized model: quantizes the weights of all its QuantLinears up front, one fused
-    dispatch per weight configuration instead of one per layer (weights do not change within a forward pass), and
-    hands each layer its quantized weight. Inside a traced region (torch.compile) it does nothing: there the
-    layers' own calls are fused into the model's graph anyway."""
-
-    def __init__(self, layers: list[QuantLinear]) -> None:
-        self.layers = [m for m in layers if m.weight_q is not None]
-
-    def __call__(self, module: nn.Module, args: object) -> None:
-        if torch.compiler.is_compiling() or len(self.layers) < 2:
-            return
-        ys = quantize_many([(m.weight_q, m.weight) for m in self.layers])
-        for m, y in zip(self.layers, ys):
-            if m.weight_q.enabled:
-                m.__dict__["_wq"] = y  # a plain attribute, consumed (popped) by the layer's forward
-            else:
-                m.__dict__.pop("_wq", None)
-
-
 def quantize_linears(model: nn.Module, resolved: Mapping[str, "ResolvedLayer"]) -> dict[str, QuantLinear]:  # noqa: F821
     """Swap each nn.Linear named in ``resolved`` for a QuantLinear with its specs (in place; returns the new ones).
 
@@ -116,6 +117,4 @@ def quantize_linears(model: nn.Module, resolved: Mapping[str, "ResolvedLayer"]) 
         ql.to(device=module.weight.device)
         setattr(parent, child, ql)
         swapped[name] = ql
-    if swapped:
-        model.register_forward_pre_hook(WeightBatch(list(swapped.values())))
     return swapped

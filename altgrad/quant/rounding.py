@@ -20,12 +20,10 @@ hash of (seed, element index), so no random tensor is materialised.
 
 Formats are derived into a small int32 parameter tensor; the compiled kernel is specialised only on which
 optional steps a format needs (``Variant``: a handful in all), so formats share kernels without recompiling.
-``quantize`` compiles lazily with ``torch.compile(dynamic=True)`` (set ``ALTGRAD_COMPILE=0`` to stay eager) and
-falls back to eager, with one warning, where compilation fails; a shape it sees ``ALTGRAD_STATIC_AFTER`` times
-gets a kernel compiled for that shape alone (``fused``'s static road: less host overhead, and on a GPU the
-faster kernel). An unscaled float32 CPU tensor of 2^22 elements or more goes to the same operations written by
-hand (``streaming``: with streaming stores where freed memory is kept, a third less memory traffic on outputs far
-larger than the caches).
+``quantize`` runs a contiguous-or-not float32 CPU tensor through the native kernel (``native``: the same operations
+in C++, built once per machine; ``ALTGRAD_NATIVE=0`` turns it off) and everything else through
+``torch.compile(dynamic=True)`` (``ALTGRAD_COMPILE=0`` keeps that eager), falling back to eager, with one warning,
+where compilation fails. ``quantize_eager`` (``compiled=False``) is always the eager torch kernel: the reference.
 Inputs of other float dtypes are computed in float32 and cast back: exact when the format is narrower than the
 dtype; a format wider than the dtype (e.g. fp16 on a bf16 tensor) is rounded twice (format, then dtype).
 """
@@ -41,15 +39,15 @@ from typing import NamedTuple
 import torch
 
 from altgrad.quant.format import FloatFormat
+from altgrad.quant import native
 from altgrad.quant.fused import fused, renamed
-from altgrad.quant.streaming import quantize_streaming, takes_streaming
 
 ROUNDINGS = ("nearest", "stochastic", "toward_zero")
 OVERFLOWS = ("saturate", "overflow")
 
 _INT_MIN = -(2**31)
-_ABS = 0x7FFFFFFF
-_INF = 0x7F800000
+ABS_MASK = 0x7FFFFFFF  # float32 |x| on the bit pattern
+INF_BITS = 0x7F800000  # +Inf's bit pattern: finite |x| patterns are below it
 _NAN = 0x7FC00000
 _INV_POW2_BITS = 254 << 23  # 1/2^k has biased exponent 254 − e(2^k): subtracting the bit patterns inverts 2^k
 
@@ -89,7 +87,7 @@ def _overflow_bits(fmt: FloatFormat, rounding: str, overflow: str) -> tuple[int,
     max_bits = _f32_bits(fmt.max)
     if overflow == "saturate" or fmt.policy == "finite":
         return max_bits, max_bits
-    special = _INF if fmt.has_inf else _NAN  # fn: NaN is the only special value
+    special = INF_BITS if fmt.has_inf else _NAN  # fn: NaN is the only special value
     return (max_bits if rounding == "toward_zero" else special), special  # toward zero never overflows a finite x
 
 
@@ -151,7 +149,7 @@ def _round_bits(xf: torch.Tensor, p: torch.Tensor, v: Variant, r: torch.Tensor |
     """Quantize a float32 tensor; returns the float32 result. ``p`` is the int32 parameter tensor."""
     bits = xf.view(torch.int32)
     sign = bits & _INT_MIN
-    a0 = bits & _ABS
+    a0 = bits & ABS_MASK
     if v.rounding == "nearest" and not v.bit_round:
         # One add for every region: C = 2^(e+23−M), e = |x|'s binade held in [emin, emax] (below emin the grid is
         # the subnormal quantum's, above emax anything is out of range anyway). In [C, 2C) float32's spacing is
@@ -161,7 +159,7 @@ def _round_bits(xf: torch.Tensor, p: torch.Tensor, v: Variant, r: torch.Tensor |
         c = (e + p[_P_CSHIFT]).view(torch.float32)
         m = ((a0.view(torch.float32) + c) - c).view(torch.int32)
         return _finish(m, a0, sign, p, v)
-    a = torch.clamp(a0, max=_INF)  # NaN payloads would overflow the rounding add; NaN is restored at the end
+    a = torch.clamp(a0, max=INF_BITS)  # NaN payloads would overflow the rounding add; NaN is restored at the end
 
     # Normal region: round the float32 pattern at the cut (23 − M bits), carrying into the exponent.
     low = p[_P_LOW]
@@ -204,9 +202,9 @@ def _finish(m: torch.Tensor, a0: torch.Tensor, sign: torch.Tensor, p: torch.Tens
     if v.saturates:
         m = torch.clamp(m, max=p[_P_MAX])
     else:
-        m = torch.where(m > p[_P_MAX], torch.where(a0 >= _INF, p[_P_OVF_INF], p[_P_OVF]), m)
+        m = torch.where(m > p[_P_MAX], torch.where(a0 >= INF_BITS, p[_P_OVF_INF], p[_P_OVF]), m)
     out = m | (torch.where(m != 0, sign, 0) if v.zero_sign else sign)
-    return torch.where(a0 > _INF, _NAN, out).view(torch.float32)
+    return torch.where(a0 > INF_BITS, _NAN, out).view(torch.float32)
 
 
 def unscale(q: torch.Tensor, scale: torch.Tensor, pow2: bool) -> torch.Tensor:
@@ -223,8 +221,9 @@ def unscale(q: torch.Tensor, scale: torch.Tensor, pow2: bool) -> torch.Tensor:
     return (q.to(torch.float64) / scale.to(torch.float64)).to(torch.float32)
 
 
-def _kernel(x: torch.Tensor, p: torch.Tensor, variant: Variant, scale: torch.Tensor | None,
-            seed: torch.Tensor | None, scale_pow2: bool = False) -> torch.Tensor:
+def scaled_kernel(x: torch.Tensor, p: torch.Tensor, variant: Variant, scale: torch.Tensor | None,
+                  seed: torch.Tensor | None, scale_pow2: bool = False) -> torch.Tensor:
+    """quantize(x·scale)/scale (scale None: quantize(x)) with the parameters ``p``: pure tensor maths, traceable."""
     xf = x.to(torch.float32)
     if scale is not None:
         xf = xf * scale
@@ -240,20 +239,20 @@ def _build(variant: Variant, scaled: str | None) -> fused:
         pow2 = scaled == "pow2"
 
         def run(x: torch.Tensor, p: torch.Tensor, scale: torch.Tensor, seed: torch.Tensor | None) -> torch.Tensor:
-            return _kernel(x, p, variant, scale, seed, pow2)
+            return scaled_kernel(x, p, variant, scale, seed, pow2)
     else:
         def run(x: torch.Tensor, p: torch.Tensor, seed: torch.Tensor | None) -> torch.Tensor:
-            return _kernel(x, p, variant, None, seed)
-    # static: a shape quantized again and again (storage rounding, a benchmark) gets its own compiled kernel
-    return fused(renamed(run, f"quantize_{variant.label}{'_scaled_' + scaled if scaled else ''}"), static=True,
-                 tune=True)
+            return scaled_kernel(x, p, variant, None, seed)
+    return fused(renamed(run, f"quantize_{variant.label}{'_scaled_' + scaled if scaled else ''}"))
 
 
+# The scale constants a native call reads only to compute a scale or statistics: a bare quantize does neither.
+_UNUSED_CONSTS = torch.zeros(3, dtype=torch.float32)
 _KERNELS: dict[tuple[Variant, str | None], fused] = {}
 _PARAMS: dict[tuple[FloatFormat, str, str, torch.device], torch.Tensor] = {}
 
 
-def _kernel_for(variant: Variant, scaled: str | None) -> fused:
+def compiled_kernel(variant: Variant, scaled: str | None) -> fused:
     """The compiled kernel of ``variant``: unscaled (None), or with a ``"pow2"`` or ``"any"`` scale."""
     fn = _KERNELS.get((variant, scaled))
     if fn is None:
@@ -318,11 +317,16 @@ def _run(x: torch.Tensor, fmt: FloatFormat, rounding: str, overflow: str, scale:
     if rounding == "stochastic":
         s = seed if isinstance(seed, torch.Tensor) else draw_seed(x.device, generator, seed)
     variant = kernel_variant(fmt, rounding, overflow)
-    if scale is None and compiled and takes_streaming(x):
-        # a large output: the kernel's streaming-store twin (same bits)
-        return quantize_streaming(x.detach(), p, variant, s)
+    if compiled and (scale is None or scale.dim() == 0) and native.takes(x):
+        k = native.kernel()
+        if k is not None:
+            given = None if scale is None else scale.detach().to(device=x.device, dtype=torch.float32).contiguous()
+            y = native.quant_call(k, x, p, rounding, native.variant_flags(variant), s,
+                                  "none" if given is None else "given", scale_pow2, _UNUSED_CONSTS, scale=given)
+            if y is not None:
+                return y
     xr, sc = _as_rows(x, scale)
-    kernel = _kernel_for(variant, None if sc is None else "pow2" if scale_pow2 else "any")
+    kernel = compiled_kernel(variant, None if sc is None else "pow2" if scale_pow2 else "any")
     args = (xr, p, s) if sc is None else (xr, p, sc.to(torch.float32), s)
     # not differentiable; no_grad (µs per call) only where autograd would otherwise record the kernel
     needs_grad = torch.is_grad_enabled() and any(a is not None and a.requires_grad for a in args)

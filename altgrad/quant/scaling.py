@@ -15,7 +15,7 @@ from torch import nn
 
 from altgrad.quant.format import FloatFormat
 from altgrad.quant.fused import stored_once
-from altgrad.quant.rounding import _ABS, _INF  # float32 |x| mask and +Inf's bit pattern
+from altgrad.quant.rounding import ABS_MASK, INF_BITS
 from altgrad.quant.spec import ScalingSpec
 
 _S_MIN = 2.0**-126
@@ -29,8 +29,8 @@ def finite_amax(x: torch.Tensor, dim: int | None = None) -> torch.Tensor:
     patterns are the largest (>= 0x7F800000), so a select and one integer max replace abs, isfinite, a select and
     a NaN-propagating float max (the same values bit for bit; 8 % of a CPU quantizer call, amax pass included).
     """
-    bits = x.detach().to(torch.float32).view(torch.int32) & _ABS
-    bits = torch.where(bits < _INF, bits, 0)
+    bits = x.detach().to(torch.float32).view(torch.int32) & ABS_MASK
+    bits = torch.where(bits < INF_BITS, bits, 0)
     if dim is None:
         amax = bits.amax() if bits.numel() else bits.new_zeros(())
     else:

@@ -1,0 +1,175 @@
+"""The CPU float32 road of a quantizer call: native_kernel.cpp, built once per machine with the system C++ compiler.
+
+A whole call (amax → scale → quantize(x·s)/s → statistics, new scaler state) runs as one C function on a
+contiguous float32 CPU tensor, bit for bit what the torch kernel computes (tests/quant/test_native.py), with no
+dynamo trace or guard check per process or per call. The shared library is compiled by ``$CXX`` (default ``c++``)
+with the flags below, through a subprocess, and loaded with ctypes; it is cached on disk under
+``${XDG_CACHE_HOME:-~/.cache}/altgrad/native/`` keyed by the source, compiler, flags and machine, so a later process
+only loads it. ``ALTGRAD_NATIVE=0`` turns the road off (every call takes the compiled torch graph); where the build
+fails, one warning says why and the compiled road serves every call.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import warnings
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("native_kernel.cpp")
+FLAGS = ("-O3", "-march=native", "-fno-fast-math", "-ffp-contract=off", "-fopenmp", "-std=c++17", "-shared",
+         "-fPIC")
+ROUNDING_CODES = {"nearest": 0, "stochastic": 1, "toward_zero": 2}  # native_kernel.cpp's enum
+VARIANT_FLAGS = {"bit_round": 1, "tie_flip": 2, "zero_sign": 4, "saturates": 8, "wide_quantum": 16}
+KINDS = {"none": 0, "tensor": 1, "delayed": 2, "given": 3}  # scale kinds the kernel computes itself (or is given)
+MAX_NUMEL = 2**31  # the stochastic hash counts elements in int32
+
+
+def enabled() -> bool:
+    """``ALTGRAD_NATIVE`` (default on): whether CPU float32 calls may take the native kernel."""
+    return os.environ.get("ALTGRAD_NATIVE", "1").lower() not in ("0", "false", "no", "off", "")
+
+
+def _compiler() -> str:
+    return os.environ.get("CXX", "c++")
+
+
+def _machine() -> str:
+    """What ``-march=native`` depends on: the architecture and, on Linux, the CPU's model and feature flags."""
+    parts = [platform.machine()]
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("model name", "flags")):
+                parts.append(line)
+            if len(parts) >= 3:
+                break
+    except OSError:
+        parts.append(platform.processor())
+    return "\n".join(parts)
+
+
+def cache_dir() -> Path:
+    """Where built kernels are kept: ``${XDG_CACHE_HOME:-~/.cache}/altgrad/native``."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "altgrad" / "native"
+
+
+def _library_path(compiler_path: str) -> Path:
+    """The cache file of this source built by this compiler binary (path, size, mtime) with FLAGS on this machine."""
+    st = os.stat(compiler_path)
+    key = hashlib.sha256("\0".join([SOURCE.read_text(), compiler_path, str(st.st_size), str(st.st_mtime_ns),
+                                    " ".join(FLAGS), _machine()]).encode()).hexdigest()[:24]
+    return cache_dir() / f"quant-{key}.so"
+
+
+def _build(compiler_path: str, target: Path) -> None:
+    """Compile SOURCE into ``target`` atomically (a temporary file in the same folder, then a rename)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=target.stem + ".", suffix=".tmp", dir=target.parent)
+    os.close(fd)
+    try:
+        done = subprocess.run([compiler_path, *FLAGS, "-o", tmp, str(SOURCE)], capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"{compiler_path} exited with {done.returncode}: {done.stderr.strip()[-2000:]}")
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+class NativeKernel:
+    """The loaded library: ``call`` runs one quantizer call on raw pointers (see native_kernel.cpp)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        lib = ctypes.CDLL(str(path))
+        fn = lib.altgrad_quant_call
+        p, i32, i64 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64
+        fn.argtypes = [p, p, i64, p, ctypes.c_int, ctypes.c_int, i32, ctypes.c_int, ctypes.c_int, p, p, p, i64,
+                       ctypes.c_int, ctypes.c_int, p, ctypes.c_int]
+        fn.restype = ctypes.c_int
+        self.call = fn
+        self.lanes = int(lib.altgrad_lanes())
+        self._lib = lib
+
+
+_KERNEL: list[NativeKernel | None] = []  # [] = not loaded yet; [None] = unavailable in this process
+
+
+def kernel() -> NativeKernel | None:
+    """The native kernel, built or loaded once per process; None where it is switched off or cannot be built
+    (one warning then says why; callers take the compiled torch road)."""
+    if _KERNEL:
+        return _KERNEL[0]
+    found = None
+    if enabled():
+        try:
+            compiler = shutil.which(_compiler())
+            if compiler is None:
+                raise RuntimeError(f"no C++ compiler {_compiler()!r} on PATH (set CXX to one)")
+            path = _library_path(compiler)
+            if not path.exists():
+                _build(compiler, path)
+            found = NativeKernel(path)
+        except (OSError, RuntimeError, subprocess.SubprocessError) as err:
+            warnings.warn(f"altgrad.quant: the native CPU kernel is unavailable ({type(err).__name__}: {err}); "
+                          "CPU float32 quantization takes the compiled torch road", stacklevel=3)
+            found = None
+    _KERNEL.append(found)
+    return found
+
+
+def reset() -> None:
+    """Forget this process's kernel, so the next ``kernel()`` builds or loads it again (tests)."""
+    _KERNEL.clear()
+
+
+def takes(x: torch.Tensor) -> bool:
+    """Whether x can be handed to the kernel as it is: a float32 CPU tensor of fewer than 2^31 elements, outside any
+    tracing (its storage is then read directly; a non-contiguous x is copied first)."""
+    return (x.device.type == "cpu" and x.dtype == torch.float32 and x.numel() < MAX_NUMEL
+            and not torch.compiler.is_compiling() and type(x) in (torch.Tensor, torch.nn.Parameter))
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+def quant_call(k: NativeKernel, x: torch.Tensor, params: torch.Tensor, rounding: str, variant_flags: int,
+               seed: torch.Tensor | int | None, kind: str, pow2: bool, consts: torch.Tensor,
+               scale: torch.Tensor | None = None, history: torch.Tensor | None = None, reduce_max: bool = True,
+               update: bool = False, stats: torch.Tensor | None = None) -> torch.Tensor | None:
+    """y = q(x·s)/s as a new tensor of x's shape, or None where x's storage cannot be read (a functorch wrapper).
+
+    ``params``: the int32 kernel parameters (rounding.kernel_params); ``consts``: float32 [max, 2^-margin, smallest
+    normal] (scaling.scale_consts); ``scale``: the 0-dim float32 state (the fallback for kinds tensor and delayed,
+    updated with ``update``; the scale itself for kind ``given``); ``history``: delayed scaling's amax history
+    (updated with ``update``); ``stats``: a float32 tensor of len(STAT_NAMES) to write, or None.
+    """
+    xc = x.detach().contiguous()
+    try:
+        xp = xc.data_ptr()
+    except RuntimeError:  # no storage of its own (vmap / grad transforms)
+        return None
+    y = torch.empty(x.shape, dtype=torch.float32)
+    n = xc.numel()
+    hist_len = 0 if history is None else history.numel()
+    s = 0 if seed is None else int(seed)
+    rc = k.call(xp, y.data_ptr(), n, params.data_ptr(), ROUNDING_CODES[rounding], variant_flags, s, KINDS[kind],
+                int(pow2), consts.data_ptr(), _ptr(scale), _ptr(history), hist_len, int(reduce_max), int(update),
+                _ptr(stats), torch.get_num_threads())
+    if rc != 0:
+        raise RuntimeError(f"altgrad.quant: the native kernel refused rounding={rounding!r}, kind={kind!r}")
+    return y
+
+
+def variant_flags(variant: object) -> int:
+    """A rounding.Variant's optional steps as native_kernel.cpp's flag bits."""
+    return sum(bit for name, bit in VARIANT_FLAGS.items() if getattr(variant, name))

@@ -1,0 +1,464 @@
+// One quantizer call on a contiguous float32 CPU tensor: amax → scale (kinds none, tensor, delayed, or a given
+// scale) → quantize(x·s)/s → the statistics of stats.py, with the new scaler state written into the caller's
+// buffers. The same operations as rounding.py's kernel (``_round_bits``, ``_finish``, ``random_bits``) and
+// scaling.py's ``scale_from_amax`` on the float32 bit patterns as int32, so the same bits for every format, rounding
+// mode, scale and seed. Plain C++ (no torch headers); native.py builds it with the system compiler and
+// ``-fno-fast-math -ffp-contract=off`` (float adds must not be reassociated: (x + C) − C is the rounding).
+//
+// Nearest takes the one-add road (|x| + C − C, C = 2^(e+23−M), e = |x|'s binade held in [emin, emax]) or, for
+// ``bit_round`` variants, the bias-and-mask road with the subnormal one-add; stochastic and toward-zero cut the
+// normal region's bits and rebuild the fixed-point region below the smallest normal from k = floor(|x| / q)
+// (stochastic: + 1 when frac(|x| / q) > u, u from a counter-based hash of (seed, element index)). Then saturation
+// or overflow, the sign and NaN. Eight lanes at a time with AVX2; the last n mod 8 elements (and every element where
+// the compiler targets no AVX2) take the scalar twin ``round1``, so both are exercised by the exactness tests.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <utility>
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
+#if defined(__AVX2__)
+#include <immintrin.h>
+#define ALTGRAD_AVX2 1
+#endif
+
+namespace {
+
+// Parameter slots: the order of rounding.py's _P_* constants.
+enum { P_SHIFT, P_LOW, P_HALF, P_LSB, P_FLIP, P_MAX, P_OVF, P_OVF_INF, P_MAGIC, P_EMIN_BITS, P_Y1, P_Y2,
+       P_EMAX_BITS, P_CSHIFT, P_COUNT };
+enum { NEAREST = 0, STOCHASTIC = 1, TOWARD_ZERO = 2 };  // rounding.py's ROUNDINGS order
+// Variant flags (rounding.Variant), one bit each.
+enum { BIT_ROUND = 1, TIE_FLIP = 2, ZERO_SIGN = 4, SATURATES = 8, WIDE_QUANTUM = 16 };
+// Scale kinds of one call (native.py's KINDS).
+enum { KIND_NONE = 0, KIND_TENSOR = 1, KIND_DELAYED = 2, KIND_GIVEN = 3 };
+// Statistics slots (stats.py's STAT_NAMES).
+enum { S_SATURATED, S_ZERO, S_SUBNORMAL, S_NONFINITE, S_AMAX, S_SCALE };
+
+constexpr int32_t kAbs = 0x7FFFFFFF, kInf = 0x7F800000, kNan = 0x7FC00000, kExp = 0x7F800000;
+constexpr uint32_t kPhi = 0x9E3779B1u;  // rounding.random_bits: counter i → fmix32(i·φ + key)
+constexpr int32_t kInvPow2Bits = 254 << 23;  // rounding.unscale: 1/2^k's bits = (254 << 23) − 2^k's bits
+constexpr int64_t kChunk = 1 << 15;  // elements per parallel work item (a multiple of 8)
+
+inline float as_f(int32_t v) { float f; std::memcpy(&f, &v, 4); return f; }
+inline int32_t as_i(float f) { int32_t v; std::memcpy(&v, &f, 4); return v; }
+
+inline uint32_t mix32(uint32_t h) {  // murmur3's fmix32 (rounding._mix32)
+  h ^= h >> 16;
+  h *= 0x85EBCA6Bu;
+  h ^= h >> 13;
+  h *= 0xC2B2AE35u;
+  return h ^ (h >> 16);
+}
+
+// One element, exactly as rounding.py's ``_round_bits`` + ``_finish`` (r: its random bits, stochastic only).
+template <int kRounding, int kFlags>
+inline int32_t round1(int32_t bits, uint32_t r, const int32_t* p) {
+  const int32_t sign = bits & INT32_MIN;
+  const int32_t a0 = bits & kAbs;
+  int32_t m;
+  if constexpr (kRounding == NEAREST && !(kFlags & BIT_ROUND)) {
+    int32_t e = a0 & kExp;
+    e = e < p[P_EMIN_BITS] ? p[P_EMIN_BITS] : (e > p[P_EMAX_BITS] ? p[P_EMAX_BITS] : e);
+    const float c = as_f(e + p[P_CSHIFT]);
+    m = as_i((as_f(a0) + c) - c);
+  } else {
+    const int32_t a = a0 < kInf ? a0 : kInf;
+    const int32_t low = p[P_LOW];
+    int32_t normal, sub;
+    if constexpr (kRounding == NEAREST) {
+      int32_t parity = a >> p[P_SHIFT];
+      if constexpr (kFlags & TIE_FLIP) parity ^= p[P_FLIP];
+      normal = (a + (p[P_HALF] + (parity & p[P_LSB]))) & ~low;
+      const float c = as_f(p[P_MAGIC]);
+      sub = as_i((as_f(a) + c) - c);
+    } else {
+      normal = kRounding == STOCHASTIC ? (a + (static_cast<int32_t>(r) & low)) & ~low : a & ~low;
+      float y = as_f(a < p[P_EMIN_BITS] ? a : p[P_EMIN_BITS]) * as_f(p[P_Y1]);
+      if constexpr (kFlags & WIDE_QUANTUM) y = y * as_f(p[P_Y2]);
+      const float yi = std::floor(y);
+      int32_t k = static_cast<int32_t>(yi);
+      if constexpr (kRounding == STOCHASTIC) {
+        const float u = static_cast<float>((r >> 8) & 0xFFFFFFu) * 0x1p-24f;
+        k += (y - yi) > u ? 1 : 0;
+      }
+      sub = as_i(as_f(p[P_MAGIC] + k) - as_f(p[P_MAGIC]));
+    }
+    m = a < p[P_EMIN_BITS] ? sub : normal;
+  }
+  if constexpr (kFlags & SATURATES) {
+    m = m < p[P_MAX] ? m : p[P_MAX];
+  } else if (m > p[P_MAX]) {
+    m = a0 >= kInf ? p[P_OVF_INF] : p[P_OVF];
+  }
+  const int32_t out = m | ((kFlags & ZERO_SIGN) ? (m != 0 ? sign : 0) : sign);
+  return a0 > kInf ? kNan : out;
+}
+
+#ifdef ALTGRAD_AVX2
+struct Vec {
+  __m256i shift, low, not_low, half, lsb, flip, max, ovf, ovf_inf, magic, emin, emin_less1, emax, cshift;
+  __m256 y1, y2, q;  // q: the quantum below the smallest normal (0 where it is not a normal float32)
+};
+
+inline __m256 vf(__m256i v) { return _mm256_castsi256_ps(v); }
+inline __m256i vi(__m256 v) { return _mm256_castps_si256(v); }
+inline __m256i splat(int32_t v) { return _mm256_set1_epi32(v); }
+
+Vec vec_params(const int32_t* p) {
+  // C = 2^(qexp+23) = magic: q = 2^qexp, a normal float32 from qexp = −126 up
+  const int32_t qexp = ((p[P_MAGIC] >> 23) & 0xFF) - 127 - 23;
+  const int32_t q_bits = qexp >= -126 ? (qexp + 127) << 23 : 0;
+  return Vec{splat(p[P_SHIFT]), splat(p[P_LOW]), splat(~p[P_LOW]), splat(p[P_HALF]), splat(p[P_LSB]),
+             splat(p[P_FLIP]), splat(p[P_MAX]), splat(p[P_OVF]), splat(p[P_OVF_INF]), splat(p[P_MAGIC]),
+             splat(p[P_EMIN_BITS]), splat(p[P_EMIN_BITS] - 1), splat(p[P_EMAX_BITS]), splat(p[P_CSHIFT]),
+             vf(splat(p[P_Y1])), vf(splat(p[P_Y2])), vf(splat(q_bits))};
+}
+
+inline __m256i mix32(__m256i h) {
+  h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
+  h = _mm256_mullo_epi32(h, splat(static_cast<int32_t>(0x85EBCA6Bu)));
+  h = _mm256_xor_si256(h, _mm256_srli_epi32(h, 13));
+  h = _mm256_mullo_epi32(h, splat(static_cast<int32_t>(0xC2B2AE35u)));
+  return _mm256_xor_si256(h, _mm256_srli_epi32(h, 16));
+}
+
+// Eight elements. Lane for lane ``round1``, except where an exact shortcut gives the same value with fewer vector
+// operations: |x| is not clamped to Inf or to the smallest normal first (a NaN lane is replaced by NaN at the end,
+// and lanes at or above the smallest normal take ``normal`` whatever ``sub`` is), and k·q is one multiply-add where
+// q is a normal float32 (exact: k < 2^M <= 2^23 and q a power of two). ``q_road``: that shortcut applies.
+template <int kRounding, int kFlags>
+inline __m256i round8(__m256i bits, __m256i r, const Vec& p, bool q_road) {
+  const __m256i sign = _mm256_and_si256(bits, splat(INT32_MIN));
+  const __m256i a0 = _mm256_and_si256(bits, splat(kAbs));
+  __m256i m;
+  if constexpr (kRounding == NEAREST && !(kFlags & BIT_ROUND)) {
+    const __m256i e = _mm256_min_epi32(_mm256_max_epi32(_mm256_and_si256(a0, splat(kExp)), p.emin), p.emax);
+    const __m256 c = vf(_mm256_add_epi32(e, p.cshift));
+    m = vi(_mm256_sub_ps(_mm256_add_ps(vf(a0), c), c));
+  } else {
+    __m256i normal, sub;
+    if constexpr (kRounding == NEAREST) {
+      __m256i parity = _mm256_srav_epi32(a0, p.shift);
+      if constexpr (kFlags & TIE_FLIP) parity = _mm256_xor_si256(parity, p.flip);
+      const __m256i bias = _mm256_add_epi32(p.half, _mm256_and_si256(parity, p.lsb));
+      normal = _mm256_and_si256(_mm256_add_epi32(a0, bias), p.not_low);
+      const __m256 c = vf(p.magic);
+      sub = vi(_mm256_sub_ps(_mm256_add_ps(vf(a0), c), c));
+    } else {
+      const __m256i cut = kRounding == STOCHASTIC ? _mm256_add_epi32(a0, _mm256_and_si256(r, p.low)) : a0;
+      normal = _mm256_and_si256(cut, p.not_low);
+      __m256 y = _mm256_mul_ps(vf(a0), p.y1);
+      if constexpr (kFlags & WIDE_QUANTUM) y = _mm256_mul_ps(y, p.y2);
+      const __m256 yi = _mm256_floor_ps(y);
+      __m256 up = _mm256_setzero_ps();  // all ones where k = floor(y) takes + 1
+      if constexpr (kRounding == STOCHASTIC) {
+        const __m256 u = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(r, 8)), _mm256_set1_ps(0x1p-24f));
+        up = _mm256_cmp_ps(_mm256_sub_ps(y, yi), u, _CMP_GT_OQ);
+      }
+      if (q_road) {
+        const __m256 q_if_up = _mm256_and_ps(up, p.q);
+#ifdef __FMA__
+        sub = vi(_mm256_fmadd_ps(yi, p.q, q_if_up));
+#else
+        sub = vi(_mm256_add_ps(_mm256_mul_ps(yi, p.q), q_if_up));
+#endif
+      } else {  // q is below float32's normals: k·q formed as (C's bits + k) − C, as rounding.py does
+        const __m256i k = _mm256_sub_epi32(_mm256_cvttps_epi32(yi), vi(up));  // true = −1
+        sub = vi(_mm256_sub_ps(vf(_mm256_add_epi32(p.magic, k)), vf(p.magic)));
+      }
+    }
+    m = _mm256_blendv_epi8(sub, normal, _mm256_cmpgt_epi32(a0, p.emin_less1));  // |x| >= min normal: normal
+  }
+  if constexpr (kFlags & SATURATES) {
+    m = _mm256_min_epi32(m, p.max);
+  } else {
+    const __m256i special = _mm256_blendv_epi8(p.ovf, p.ovf_inf, _mm256_cmpgt_epi32(a0, splat(kInf - 1)));
+    m = _mm256_blendv_epi8(m, special, _mm256_cmpgt_epi32(m, p.max));
+  }
+  __m256i out;
+  if constexpr (kFlags & ZERO_SIGN) {
+    out = _mm256_or_si256(m, _mm256_andnot_si256(_mm256_cmpeq_epi32(m, _mm256_setzero_si256()), sign));
+  } else {
+    out = _mm256_or_si256(m, sign);
+  }
+  return _mm256_blendv_epi8(out, splat(kNan), _mm256_cmpgt_epi32(a0, splat(kInf)));
+}
+
+inline int count(__m256i mask) { return __builtin_popcount(static_cast<unsigned>(_mm256_movemask_ps(vf(mask)))); }
+#endif
+
+// What one pass over the elements needs besides the data.
+struct Pass {
+  const int32_t* x;
+  int32_t* y;
+  const int32_t* p;
+  uint32_t key;     // mix32(seed ^ 0x5BD1E995): element i's random bits are mix32(i·φ + key)
+  bool scaled;      // x·s is quantized and the result divided by s
+  bool pow2;        // s is a power of two: dividing by s is multiplying by its exact reciprocal
+  float s, inv_s;   // the scale and, for pow2, 1/s
+  bool stats;       // count the statistics
+  float max, min_normal;
+};
+
+struct Counts {
+  int64_t saturated = 0, zero = 0, subnormal = 0, nonfinite = 0;
+};
+
+// q(x·s)/s for one element and its statistics; the scalar road (and the reference for the vector one).
+template <int kRounding, int kFlags>
+inline void one(const Pass& w, int64_t i, Counts& c) {
+  const int32_t xb = w.x[i];
+  const uint32_t r = kRounding == STOCHASTIC ? mix32(static_cast<uint32_t>(i) * kPhi + w.key) : 0u;
+  int32_t out;
+  if (w.scaled) {
+    const int32_t q = round1<kRounding, kFlags>(as_i(as_f(xb) * w.s), r, w.p);
+    out = w.pow2 ? as_i(as_f(q) * w.inv_s)
+                 : as_i(static_cast<float>(static_cast<double>(as_f(q)) / static_cast<double>(w.s)));
+  } else {
+    out = round1<kRounding, kFlags>(xb, r, w.p);
+  }
+  w.y[i] = out;
+  if (w.stats) {  // stats.py's stats_of: ax = |x| where finite, else 0
+    const int32_t ax = xb & kAbs, ya = out & kAbs;
+    const bool finite = ax < kInf;
+    c.saturated += finite && as_f(ax) * w.s > w.max;
+    c.zero += finite && ax != 0 && ya == 0;
+    c.subnormal += ya != 0 && ya < kInf && as_f(ya) * w.s < w.min_normal;
+    c.nonfinite += !finite;
+  }
+}
+
+// Elements [begin, end) (begin a multiple of 8).
+template <int kRounding, int kFlags>
+void span(const Pass& w, int64_t begin, int64_t end, Counts& c) {
+  int64_t i = begin;
+#ifdef ALTGRAD_AVX2
+  const Vec p = vec_params(w.p);
+  const bool q_road = !(kFlags & WIDE_QUANTUM) && as_i(p.q[0]) != 0;
+  const __m256 s = _mm256_set1_ps(w.s), inv = _mm256_set1_ps(w.inv_s), mx = _mm256_set1_ps(w.max);
+  const __m256 mn = _mm256_set1_ps(w.min_normal);
+  const __m256d sd = _mm256_set1_pd(static_cast<double>(w.s));
+  const __m256i inf = splat(kInf), zero = _mm256_setzero_si256();
+  const __m256i step = splat(static_cast<int32_t>(8u * kPhi));
+  __m256i h = _mm256_add_epi32(
+      _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), splat(static_cast<int32_t>(kPhi))),
+      splat(static_cast<int32_t>(static_cast<uint32_t>(begin) * kPhi + w.key)));
+  __m256i sat = zero, zer = zero, sub = zero, nonf = zero;  // per-lane counts (negated: a true mask is −1)
+  for (; i + 8 <= end; i += 8) {
+    const __m256i xb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.x + i));
+    const __m256i r = kRounding == STOCHASTIC ? mix32(h) : zero;
+    __m256i out;
+    if (w.scaled) {
+      const __m256i q = round8<kRounding, kFlags>(vi(_mm256_mul_ps(vf(xb), s)), r, p, q_road);
+      if (w.pow2) {
+        out = vi(_mm256_mul_ps(vf(q), inv));
+      } else {  // float64 division, rounded once to float32 (rounding.unscale)
+        const __m256 qf = vf(q);
+        const __m128 lo = _mm256_cvtpd_ps(_mm256_div_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(qf)), sd));
+        const __m128 hi = _mm256_cvtpd_ps(_mm256_div_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(qf, 1)), sd));
+        out = vi(_mm256_set_m128(hi, lo));
+      }
+    } else {
+      out = round8<kRounding, kFlags>(xb, r, p, q_road);
+    }
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(w.y + i), out);
+    if (w.stats) {
+      const __m256i ax = _mm256_and_si256(xb, splat(kAbs)), ya = _mm256_and_si256(out, splat(kAbs));
+      const __m256i finite = _mm256_cmpgt_epi32(inf, ax);
+      const __m256 axs = w.scaled ? _mm256_mul_ps(vf(ax), s) : vf(ax);
+      sat = _mm256_sub_epi32(sat, _mm256_and_si256(finite, vi(_mm256_cmp_ps(axs, mx, _CMP_GT_OQ))));
+      zer = _mm256_sub_epi32(zer, _mm256_and_si256(_mm256_and_si256(finite, _mm256_cmpgt_epi32(ax, zero)),
+                                                   _mm256_cmpeq_epi32(ya, zero)));
+      const __m256 yas = w.scaled ? _mm256_mul_ps(vf(ya), s) : vf(ya);
+      const __m256i below = _mm256_and_si256(_mm256_cmpgt_epi32(inf, ya), vi(_mm256_cmp_ps(yas, mn, _CMP_LT_OQ)));
+      sub = _mm256_sub_epi32(sub, _mm256_andnot_si256(_mm256_cmpeq_epi32(ya, zero), below));
+      nonf = _mm256_sub_epi32(nonf, _mm256_andnot_si256(finite, splat(-1)));
+    }
+    h = _mm256_add_epi32(h, step);
+  }
+  if (w.stats) {  // a chunk holds at most 2^15 elements: no lane count overflows
+    alignas(32) int32_t lanes[4][8];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(lanes[0]), sat);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(lanes[1]), zer);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(lanes[2]), sub);
+    _mm256_store_si256(reinterpret_cast<__m256i*>(lanes[3]), nonf);
+    for (int l = 0; l < 8; ++l) {
+      c.saturated += lanes[0][l];
+      c.zero += lanes[1][l];
+      c.subnormal += lanes[2][l];
+      c.nonfinite += lanes[3][l];
+    }
+  }
+#endif
+  for (; i < end; ++i) one<kRounding, kFlags>(w, i, c);
+}
+
+int threads_for(int64_t n, int threads) {
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  return static_cast<int>(threads < chunks ? threads : chunks);
+}
+
+template <int kRounding, int kFlags>
+void run(const Pass& w, int64_t n, int threads, Counts& total) {
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  int64_t sat = 0, zer = 0, sub = 0, nonf = 0;
+#pragma omp parallel for num_threads(threads_for(n, threads)) schedule(static) reduction(+ : sat, zer, sub, nonf) \
+    if (threads_for(n, threads) > 1)
+  for (int64_t k = 0; k < chunks; ++k) {
+    Counts c;
+    span<kRounding, kFlags>(w, k * kChunk, (k + 1) * kChunk < n ? (k + 1) * kChunk : n, c);
+    sat += c.saturated;
+    zer += c.zero;
+    sub += c.subnormal;
+    nonf += c.nonfinite;
+  }
+  total.saturated = sat;
+  total.zero = zer;
+  total.subnormal = sub;
+  total.nonfinite = nonf;
+}
+
+using Runner = void (*)(const Pass&, int64_t, int, Counts&);
+
+template <int kRounding, int... kFlags>
+Runner pick(int flags, std::integer_sequence<int, kFlags...>) {
+  Runner table[] = {&run<kRounding, kFlags>...};
+  return table[flags];
+}
+
+// Nearest uses BIT_ROUND, TIE_FLIP, ZERO_SIGN, SATURATES (the low four flag bits); the others ZERO_SIGN, SATURATES,
+// WIDE_QUANTUM. A flag a mode does not use is dropped before the lookup: 16 + 2 · 8 kernels.
+Runner runner(int rounding, int flags) {
+  const int cut = (flags & ZERO_SIGN ? 1 : 0) | (flags & SATURATES ? 2 : 0) | (flags & WIDE_QUANTUM ? 4 : 0);
+  constexpr auto cut_flags = [](int i) {
+    return (i & 1 ? ZERO_SIGN : 0) | (i & 2 ? SATURATES : 0) | (i & 4 ? WIDE_QUANTUM : 0);
+  };
+  switch (rounding) {
+    case NEAREST:
+      return pick<NEAREST>(flags & 15, std::make_integer_sequence<int, 16>{});
+    case STOCHASTIC: {
+      static const Runner t[8] = {&run<STOCHASTIC, cut_flags(0)>, &run<STOCHASTIC, cut_flags(1)>,
+                                  &run<STOCHASTIC, cut_flags(2)>, &run<STOCHASTIC, cut_flags(3)>,
+                                  &run<STOCHASTIC, cut_flags(4)>, &run<STOCHASTIC, cut_flags(5)>,
+                                  &run<STOCHASTIC, cut_flags(6)>, &run<STOCHASTIC, cut_flags(7)>};
+      return t[cut];
+    }
+    case TOWARD_ZERO: {
+      static const Runner t[8] = {&run<TOWARD_ZERO, cut_flags(0)>, &run<TOWARD_ZERO, cut_flags(1)>,
+                                  &run<TOWARD_ZERO, cut_flags(2)>, &run<TOWARD_ZERO, cut_flags(3)>,
+                                  &run<TOWARD_ZERO, cut_flags(4)>, &run<TOWARD_ZERO, cut_flags(5)>,
+                                  &run<TOWARD_ZERO, cut_flags(6)>, &run<TOWARD_ZERO, cut_flags(7)>};
+      return t[cut];
+    }
+  }
+  return nullptr;
+}
+
+// max |x| over the finite elements (scaling.finite_amax: on the bits, |x|'s pattern where it is below Inf's).
+int32_t amax_bits(const int32_t* x, int64_t n, int threads) {
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  int32_t best = 0;
+#pragma omp parallel for num_threads(threads_for(n, threads)) schedule(static) reduction(max : best) \
+    if (threads_for(n, threads) > 1)
+  for (int64_t k = 0; k < chunks; ++k) {
+    const int64_t end = (k + 1) * kChunk < n ? (k + 1) * kChunk : n;
+    int64_t i = k * kChunk;
+    int32_t m = 0;
+#ifdef ALTGRAD_AVX2
+    __m256i v = _mm256_setzero_si256();
+    for (; i + 8 <= end; i += 8) {
+      const __m256i a = _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i)), splat(kAbs));
+      v = _mm256_max_epi32(v, _mm256_and_si256(a, _mm256_cmpgt_epi32(splat(kInf), a)));
+    }
+    alignas(32) int32_t lanes[8];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), v);
+    for (int l = 0; l < 8; ++l) m = lanes[l] > m ? lanes[l] : m;
+#endif
+    for (; i < end; ++i) {
+      const int32_t a = x[i] & kAbs;
+      if (a < kInf && a > m) m = a;
+    }
+    best = m > best ? m : best;
+  }
+  return best;
+}
+
+// scaling.py's scale_from_amax in float32: s = max / amax (float64 reciprocal rounded to float32, times max) where
+// amax is finite and positive, else ``prev``; times 2^-margin; NaN → 1, +Inf → 2^126; clamped to [2^-126, 2^126];
+// rounded down to a power of two when ``pow2``.
+float scale_from(float amax, float prev, float max, float margin, bool pow2) {
+  const bool valid = std::isfinite(amax) && amax > 0.0f;
+  float s = valid ? static_cast<float>(1.0 / static_cast<double>(amax)) * max : prev;
+  s = s * margin;
+  if (std::isnan(s)) s = 1.0f;  // (±Inf: the clamp below does what nan_to_num then clamp do)
+  s = s < 0x1p-126f ? 0x1p-126f : (s > 0x1p126f ? 0x1p126f : s);
+  return pow2 ? as_f(as_i(s) & kExp) : s;
+}
+
+}  // namespace
+
+extern "C" {
+
+// Lanes of the vector road: 8 with AVX2, 1 where the build has only the scalar road.
+int altgrad_lanes() {
+#ifdef ALTGRAD_AVX2
+  return 8;
+#else
+  return 1;
+#endif
+}
+
+// One quantizer call on n contiguous float32 values: y = q(x·s)/s (y = q(x) for kind none).
+// p: rounding.py's int32 kernel parameters; rounding: 0 nearest, 1 stochastic, 2 toward zero; flags: the Variant's
+// (above); seed: the stochastic stream's (rounding.random_bits). kind: 0 none, 1 tensor (s from x's amax, fallback
+// state[0]), 2 delayed (s from the amax history ``hist`` of ``hist_len``, reduced by max when reduce_max else its
+// front, fallback state[0]; x's amax pushed to the front), 3 given (s = state[0]). consts: [format max, 2^-margin,
+// smallest normal]. pow2: s is a power of two (unscale by its reciprocal; the scale functions also round s down to
+// one). update: write the new state (kinds 1, 2). stats: NULL, or the 6 STAT_NAMES values to write.
+// Returns 0, or −1 for a bad mode or kind.
+int altgrad_quant_call(const float* x, float* y, int64_t n, const int32_t* p, int rounding, int flags,
+                       int32_t seed, int kind, int pow2, const float* consts, float* state, float* hist,
+                       int64_t hist_len, int reduce_max, int update, float* stats, int threads) {
+  const Runner fn = runner(rounding, flags);
+  if (fn == nullptr || kind < KIND_NONE || kind > KIND_GIVEN) return -1;
+  const int32_t* xb = reinterpret_cast<const int32_t*>(x);
+  const bool need_amax = kind == KIND_TENSOR || kind == KIND_DELAYED || stats != nullptr;
+  const float amax = need_amax ? as_f(amax_bits(xb, n, threads)) : 0.0f;
+  float s = 1.0f;
+  if (kind == KIND_TENSOR) {
+    s = scale_from(amax, state[0], consts[0], consts[1], pow2 != 0);
+  } else if (kind == KIND_DELAYED) {
+    float ref = hist[0];
+    if (reduce_max) {  // a NaN in the history propagates, as torch's amax does
+      for (int64_t i = 1; i < hist_len && !std::isnan(ref); ++i) ref = std::isnan(hist[i]) || hist[i] > ref ? hist[i] : ref;
+    }
+    s = scale_from(ref > 0.0f ? ref : amax, state[0], consts[0], consts[1], pow2 != 0);
+  } else if (kind == KIND_GIVEN) {
+    s = state[0];
+  }
+  Pass w{xb, reinterpret_cast<int32_t*>(y), p, mix32(static_cast<uint32_t>(seed) ^ 0x5BD1E995u), kind != KIND_NONE,
+         pow2 != 0, s, as_f(kInvPow2Bits - as_i(s)), stats != nullptr, consts[0], consts[2]};
+  Counts c;
+  fn(w, n, threads < 1 ? 1 : threads, c);
+  if (update && (kind == KIND_TENSOR || kind == KIND_DELAYED)) {
+    if (kind == KIND_DELAYED && hist_len > 0) {
+      std::memmove(hist + 1, hist, sizeof(float) * (hist_len - 1));
+      hist[0] = amax;
+    }
+    state[0] = s;
+  }
+  if (stats != nullptr) {  // fractions as float64 count / n rounded to float32 (stats.py)
+    const double d = static_cast<double>(n > 0 ? n : 1);
+    stats[S_SATURATED] = static_cast<float>(static_cast<double>(c.saturated) / d);
+    stats[S_ZERO] = static_cast<float>(static_cast<double>(c.zero) / d);
+    stats[S_SUBNORMAL] = static_cast<float>(static_cast<double>(c.subnormal) / d);
+    stats[S_NONFINITE] = static_cast<float>(c.nonfinite);
+    stats[S_AMAX] = amax;
+    stats[S_SCALE] = s;
+  }
+  return 0;
+}
+
+}  // extern "C"

@@ -1,0 +1,148 @@
+"""The native CPU kernel: bit for bit the eager torch quantizer call (scale, quantize, unscale, statistics, new
+scaler state) over formats × roundings × overflows × scalings × seeds, NaN/Inf/−0/subnormals included; and the
+fallback to the compiled road where it cannot be built."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from quant_testlib import assert_same_bits, inputs_for, random_inputs
+from test_properties import formats
+
+from altgrad.quant import QuantSpec, ScalingSpec, TensorQuantizer, get_format, list_formats, native, quantize
+from altgrad.quant.quant_call import quant_call_body
+from altgrad.quant.rounding import kernel_params, kernel_variant, quantize_eager
+from altgrad.quant.scaling import delayed_scale, none_scale, scale_consts, tensor_scale
+
+CPU = torch.device("cpu")
+pytestmark = pytest.mark.skipif(native.kernel() is None, reason="no C++ compiler here (the fallback test below "
+                                "runs without one)")
+SCALE_FNS = {"none": none_scale, "tensor": tensor_scale, "delayed": delayed_scale}
+
+
+def run_both(x: torch.Tensor, fmt, rounding: str, overflow: str, kind: str, pow2: bool, margin: int, seed: int,
+             with_stats: bool, state: tuple[torch.Tensor, ...], reduce: str = "max") -> None:
+    """Native call against the eager quant_call_body on the same input and state: y, stats and new state."""
+    p = kernel_params(fmt, rounding, overflow, CPU)
+    consts = scale_consts(fmt, margin, CPU)
+    s = torch.tensor(seed, dtype=torch.int32) if rounding == "stochastic" else None
+    variant = kernel_variant(fmt, rounding, overflow)
+    ref_y, ref_stats, ref_new = quant_call_body(x, p, consts, s, tuple(t.clone() for t in state), SCALE_FNS[kind],
+                                                pow2, reduce, 32, variant, with_stats)
+    hist = state[0].clone() if kind == "delayed" else None
+    scale = state[-1].clone() if kind != "none" else None
+    stats = torch.full((6,), -7.0) if with_stats else None
+    y = native.quant_call(native.kernel(), x, p, rounding, native.variant_flags(variant), s, kind, pow2, consts,
+                          scale=scale, history=hist, reduce_max=reduce == "max", update=True, stats=stats)
+    what = f"{fmt} {rounding} {overflow} {kind} pow2={pow2} margin={margin}"
+    assert_same_bits(y.reshape(-1), ref_y.reshape(-1).numpy(), x.reshape(-1).numpy(), what)
+    if with_stats:
+        assert_same_bits(stats, ref_stats.numpy(), what=what + " stats")
+    if kind == "delayed":
+        assert_same_bits(hist, ref_new[0].numpy(), what=what + " history")
+    if kind != "none":
+        assert_same_bits(scale.reshape(1), ref_new[-1].reshape(1).numpy(), what=what + " scale")
+
+
+def state_for(kind: str, history: list[float] | None = None, prev: float = 1.0) -> tuple[torch.Tensor, ...]:
+    prev_t = torch.tensor(prev, dtype=torch.float32)
+    if kind == "none":
+        return ()
+    if kind == "tensor":
+        return (prev_t,)
+    return torch.tensor(history or [0.0] * 4, dtype=torch.float32), prev_t
+
+
+@pytest.mark.parametrize("name", list_formats())
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic", "toward_zero"])
+def test_every_preset_mode_and_policy_on_every_bf16_pattern(name: str, rounding: str) -> None:
+    fmt = get_format(name)
+    x = torch.from_numpy(inputs_for(fmt, 4099))  # n mod 8 = 3: the scalar tail runs as well
+    for overflow in ("saturate", "overflow"):
+        run_both(x, fmt, rounding, overflow, "none", False, 0, 1234, True, ())
+        ref = quantize_eager(x, fmt, rounding, overflow, seed=99)
+        assert_same_bits(quantize(x, fmt, rounding, overflow, seed=99), ref.numpy(), x.numpy(), f"{name} quantize")
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(formats(), st.sampled_from(["nearest", "stochastic", "toward_zero"]), st.sampled_from(["saturate", "overflow"]),
+       st.sampled_from(["none", "tensor", "delayed"]), st.booleans(), st.integers(-3, 3), st.integers(0, 2**31 - 1),
+       st.booleans(), st.integers(1, 300), st.integers(0, 2**32 - 1), st.sampled_from(["max", "most_recent"]),
+       st.sampled_from([0.0, 1.0, 3.0e-30, 5.0e30, float("nan"), float("inf")]))
+def test_native_call_equals_the_eager_call(fmt, rounding: str, overflow: str, kind: str, pow2: bool, margin: int,
+                                           seed: int, with_stats: bool, n: int, data_seed: int, reduce: str,
+                                           prev: float) -> None:
+    """Random formats and inputs (subnormals, NaN payloads, ±Inf, −0), every scale kind, state and statistic."""
+    x = torch.from_numpy(random_inputs(n, fmt.emin - fmt.mbits - 3, fmt.emax + 2, data_seed % 2**31))
+    rng = np.random.default_rng(data_seed)
+    history = [float(v) for v in rng.choice([0.0, 1e-3, 2.5, 7e20, float("nan")], size=4)]
+    run_both(x, fmt, rounding, overflow, kind, pow2, margin, seed, with_stats, state_for(kind, history, prev),
+             reduce)
+
+
+def test_amax_edge_cases_fall_back_to_the_previous_scale() -> None:
+    """An input with no finite nonzero value keeps the previous scale; a tiny amax saturates the scale at 2^126."""
+    fmt = get_format("e4m3")
+    for values in ([0.0, -0.0], [float("nan"), float("inf")], [1e-44, -3e-45], [], [3e38, -float("inf")]):
+        x = torch.tensor(values, dtype=torch.float32)
+        for kind in ("tensor", "delayed"):
+            run_both(x, fmt, "nearest", "saturate", kind, True, 0, 0, True, state_for(kind, prev=0.25))
+            run_both(x, fmt, "nearest", "saturate", kind, False, 2, 0, True, state_for(kind, prev=3.0))
+
+
+def test_a_given_scale_and_a_noncontiguous_input() -> None:
+    """quantize_scaled with a 0-dim scale (power of two or not) and a transposed input: the eager kernel's bits."""
+    from altgrad.quant.rounding import quantize_scaled
+
+    fmt = get_format("e5m2")
+    x = torch.from_numpy(random_inputs(60 * 7, -20, 20, 3)).reshape(60, 7).t()
+    for scale, pow2 in ((torch.tensor(2.0**-9), True), (torch.tensor(3.7), False)):
+        for rounding in ("nearest", "stochastic"):
+            ref = quantize_scaled(x, fmt, scale, rounding, seed=5, compiled=False, scale_pow2=pow2)
+            ours = quantize_scaled(x, fmt, scale, rounding, seed=5, scale_pow2=pow2)
+            assert ours.shape == x.shape
+            assert_same_bits(ours.reshape(-1), ref.reshape(-1).numpy(), what=f"given scale {float(scale)}")
+
+
+def test_threads_split_the_work_without_changing_bits() -> None:
+    """Several threads (chunks of 2^15 elements) give the single-threaded bits and statistics."""
+    fmt = get_format("e4m3")
+    x = torch.from_numpy(random_inputs(3 * 2**15 + 5, -12, 10, 7))
+    torch.set_num_threads(2)
+    for rounding in ("nearest", "stochastic"):
+        run_both(x, fmt, rounding, "saturate", "tensor", True, 0, 42, True, state_for("tensor"))
+
+
+def test_a_quantizer_takes_the_native_road_and_says_so() -> None:
+    q = TensorQuantizer(QuantSpec(get_format("e4m3"), scaling=ScalingSpec(kind="tensor")))
+    assert q.road == "native" and "road=native" in repr(q)
+    q_block = TensorQuantizer(QuantSpec(get_format("e4m3"), scaling=ScalingSpec(kind="block")))
+    assert q_block.road != "native"  # per-block scales stay on the torch road
+
+
+@pytest.mark.filterwarnings("default")
+def test_a_missing_compiler_warns_once_and_the_compiled_road_serves(monkeypatch: pytest.MonkeyPatch,
+                                                                    tmp_path) -> None:
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # no cached build to load either
+    monkeypatch.setattr(native, "_KERNEL", [])
+    fmt = get_format("e4m3")
+    x = torch.from_numpy(random_inputs(999, -12, 10, 1))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        q = TensorQuantizer(QuantSpec(fmt))
+        y1 = q(x)
+        y2 = quantize(x, fmt)
+    assert native.kernel() is None and q.road != "native"
+    assert [str(w.message) for w in caught if "native CPU kernel" in str(w.message)] == [
+        next(str(w.message) for w in caught if "no-such-compiler" in str(w.message))]
+    assert_same_bits(y2, quantize_eager(x, fmt).numpy(), what="fallback quantize")
+    monkeypatch.setattr(native, "_KERNEL", [])  # the real kernel again, for the reference
+    monkeypatch.delenv("CXX")
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert_same_bits(y1.detach(), TensorQuantizer(QuantSpec(fmt))(x).detach().numpy(), what="fallback quantizer")
