@@ -93,7 +93,7 @@ class NativeKernel:
         fn = lib.altgrad_quant_call
         p, i32, i64 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64
         fn.argtypes = [p, p, i64, p, ctypes.c_int, ctypes.c_int, i32, ctypes.c_int, ctypes.c_int, p, p, p, i64,
-                       ctypes.c_int, ctypes.c_int, p, ctypes.c_int]
+                       ctypes.c_int, ctypes.c_int, p, ctypes.c_int, p]
         fn.restype = ctypes.c_int
         self.call = fn
         self.lanes = int(lib.altgrad_lanes())
@@ -150,7 +150,8 @@ def quant_call(k: NativeKernel, x: torch.Tensor, params: torch.Tensor, rounding:
 
     ``params``: the int32 kernel parameters (rounding.kernel_params); ``consts``: float32 [max, 2^-margin, smallest
     normal] (scaling.scale_consts); ``scale``: the 0-dim float32 state (the fallback for kinds tensor and delayed,
-    updated with ``update``; the scale itself for kind ``given``); ``history``: delayed scaling's amax history
+    updated with ``update``; the scale itself for kind ``given``, where it may also hold one scale per element of x,
+    in x's shape, without statistics); ``history``: delayed scaling's amax history
     (updated with ``update``); ``stats``: a float32 tensor of len(STAT_NAMES) to write, or None.
     """
     xc = x.detach().contiguous()
@@ -162,9 +163,12 @@ def quant_call(k: NativeKernel, x: torch.Tensor, params: torch.Tensor, rounding:
     n = xc.numel()
     hist_len = 0 if history is None else history.numel()
     s = 0 if seed is None else int(seed)
+    each = scale is not None and scale.dim() > 0
+    if each:
+        scale = scale.expand(x.shape).contiguous()
     rc = k.call(xp, y.data_ptr(), n, params.data_ptr(), ROUNDING_CODES[rounding], variant_flags, s, KINDS[kind],
-                int(pow2), consts.data_ptr(), _ptr(scale), _ptr(history), hist_len, int(reduce_max), int(update),
-                _ptr(stats), torch.get_num_threads())
+                int(pow2), consts.data_ptr(), None if each else _ptr(scale), _ptr(history), hist_len,
+                int(reduce_max), int(update), _ptr(stats), torch.get_num_threads(), _ptr(scale) if each else None)
     if rc != 0:
         raise RuntimeError(f"altgrad.quant: the native kernel refused rounding={rounding!r}, kind={kind!r}")
     return y

@@ -198,6 +198,7 @@ struct Pass {
   bool scaled;      // x·s is quantized and the result divided by s
   bool pow2;        // s is a power of two: dividing by s is multiplying by its exact reciprocal
   float s, inv_s;   // the scale and, for pow2, 1/s
+  const float* s_each;  // one scale per element instead (kind given with a scale array; no statistics), or null
   bool stats;       // count the statistics
   float max, min_normal;
 };
@@ -213,9 +214,11 @@ inline void one(const Pass& w, int64_t i, Counts& c) {
   const uint32_t r = kRounding == STOCHASTIC ? mix32(static_cast<uint32_t>(i) * kPhi + w.key) : 0u;
   int32_t out;
   if (w.scaled) {
-    const int32_t q = round1<kRounding, kFlags>(as_i(as_f(xb) * w.s), r, w.p);
-    out = w.pow2 ? as_i(as_f(q) * w.inv_s)
-                 : as_i(static_cast<float>(static_cast<double>(as_f(q)) / static_cast<double>(w.s)));
+    const float s = w.s_each != nullptr ? w.s_each[i] : w.s;
+    const float inv = w.s_each != nullptr ? as_f(kInvPow2Bits - as_i(s)) : w.inv_s;
+    const int32_t q = round1<kRounding, kFlags>(as_i(as_f(xb) * s), r, w.p);
+    out = w.pow2 ? as_i(as_f(q) * inv)
+                 : as_i(static_cast<float>(static_cast<double>(as_f(q)) / static_cast<double>(s)));
   } else {
     out = round1<kRounding, kFlags>(xb, r, w.p);
   }
@@ -237,9 +240,8 @@ void span(const Pass& w, int64_t begin, int64_t end, Counts& c) {
 #ifdef ALTGRAD_AVX2
   const Vec p = vec_params(w.p);
   const bool q_road = !(kFlags & WIDE_QUANTUM) && as_i(p.q[0]) != 0;
-  const __m256 s = _mm256_set1_ps(w.s), inv = _mm256_set1_ps(w.inv_s), mx = _mm256_set1_ps(w.max);
-  const __m256 mn = _mm256_set1_ps(w.min_normal);
-  const __m256d sd = _mm256_set1_pd(static_cast<double>(w.s));
+  __m256 s = _mm256_set1_ps(w.s), inv = _mm256_set1_ps(w.inv_s);
+  const __m256 mx = _mm256_set1_ps(w.max), mn = _mm256_set1_ps(w.min_normal);
   const __m256i inf = splat(kInf), zero = _mm256_setzero_si256();
   const __m256i step = splat(static_cast<int32_t>(8u * kPhi));
   __m256i h = _mm256_add_epi32(
@@ -251,13 +253,19 @@ void span(const Pass& w, int64_t begin, int64_t end, Counts& c) {
     const __m256i r = kRounding == STOCHASTIC ? mix32(h) : zero;
     __m256i out;
     if (w.scaled) {
+      if (w.s_each != nullptr) {
+        s = _mm256_loadu_ps(w.s_each + i);
+        inv = vf(_mm256_sub_epi32(splat(kInvPow2Bits), vi(s)));
+      }
       const __m256i q = round8<kRounding, kFlags>(vi(_mm256_mul_ps(vf(xb), s)), r, p, q_road);
       if (w.pow2) {
         out = vi(_mm256_mul_ps(vf(q), inv));
       } else {  // float64 division, rounded once to float32 (rounding.unscale)
         const __m256 qf = vf(q);
-        const __m128 lo = _mm256_cvtpd_ps(_mm256_div_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(qf)), sd));
-        const __m128 hi = _mm256_cvtpd_ps(_mm256_div_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(qf, 1)), sd));
+        const __m256d s_lo = _mm256_cvtps_pd(_mm256_castps256_ps128(s));
+        const __m256d s_hi = _mm256_cvtps_pd(_mm256_extractf128_ps(s, 1));
+        const __m128 lo = _mm256_cvtpd_ps(_mm256_div_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(qf)), s_lo));
+        const __m128 hi = _mm256_cvtpd_ps(_mm256_div_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(qf, 1)), s_hi));
         out = vi(_mm256_set_m128(hi, lo));
       }
     } else {
@@ -417,12 +425,15 @@ int altgrad_lanes() {
 // front, fallback state[0]; x's amax pushed to the front), 3 given (s = state[0]). consts: [format max, 2^-margin,
 // smallest normal]. pow2: s is a power of two (unscale by its reciprocal; the scale functions also round s down to
 // one). update: write the new state (kinds 1, 2). stats: NULL, or the 6 STAT_NAMES values to write.
+// scale_each: kind 3 with one scale per element (n of them; state and stats unused).
 // Returns 0, or −1 for a bad mode or kind.
 int altgrad_quant_call(const float* x, float* y, int64_t n, const int32_t* p, int rounding, int flags,
                        int32_t seed, int kind, int pow2, const float* consts, float* state, float* hist,
-                       int64_t hist_len, int reduce_max, int update, float* stats, int threads) {
+                       int64_t hist_len, int reduce_max, int update, float* stats, int threads,
+                       const float* scale_each) {
   const Runner fn = runner(rounding, flags);
   if (fn == nullptr || kind < KIND_NONE || kind > KIND_GIVEN) return -1;
+  if (scale_each != nullptr && (kind != KIND_GIVEN || stats != nullptr)) return -1;
   const int32_t* xb = reinterpret_cast<const int32_t*>(x);
   const bool need_amax = kind == KIND_TENSOR || kind == KIND_DELAYED || stats != nullptr;
   const float amax = need_amax ? as_f(amax_bits(xb, n, threads)) : 0.0f;
@@ -432,14 +443,16 @@ int altgrad_quant_call(const float* x, float* y, int64_t n, const int32_t* p, in
   } else if (kind == KIND_DELAYED) {
     float ref = hist[0];
     if (reduce_max) {  // a NaN in the history propagates, as torch's amax does
-      for (int64_t i = 1; i < hist_len && !std::isnan(ref); ++i) ref = std::isnan(hist[i]) || hist[i] > ref ? hist[i] : ref;
+      for (int64_t i = 1; i < hist_len && !std::isnan(ref); ++i) {
+        ref = std::isnan(hist[i]) || hist[i] > ref ? hist[i] : ref;
+      }
     }
     s = scale_from(ref > 0.0f ? ref : amax, state[0], consts[0], consts[1], pow2 != 0);
-  } else if (kind == KIND_GIVEN) {
+  } else if (kind == KIND_GIVEN && scale_each == nullptr) {
     s = state[0];
   }
   Pass w{xb, reinterpret_cast<int32_t*>(y), p, mix32(static_cast<uint32_t>(seed) ^ 0x5BD1E995u), kind != KIND_NONE,
-         pow2 != 0, s, as_f(kInvPow2Bits - as_i(s)), stats != nullptr, consts[0], consts[2]};
+         pow2 != 0, s, as_f(kInvPow2Bits - as_i(s)), scale_each, stats != nullptr, consts[0], consts[2]};
   Counts c;
   fn(w, n, threads < 1 ? 1 : threads, c);
   if (update && (kind == KIND_TENSOR || kind == KIND_DELAYED)) {

@@ -317,7 +317,7 @@ def _run(x: torch.Tensor, fmt: FloatFormat, rounding: str, overflow: str, scale:
     if rounding == "stochastic":
         s = seed if isinstance(seed, torch.Tensor) else draw_seed(x.device, generator, seed)
     variant = kernel_variant(fmt, rounding, overflow)
-    if compiled and (scale is None or scale.dim() == 0) and native.takes(x):
+    if compiled and native.takes(x):
         k = native.kernel()
         if k is not None:
             given = None if scale is None else scale.detach().to(device=x.device, dtype=torch.float32).contiguous()

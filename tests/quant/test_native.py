@@ -16,7 +16,7 @@ from test_properties import formats
 
 from altgrad.quant import QuantSpec, ScalingSpec, TensorQuantizer, get_format, list_formats, native, quantize
 from altgrad.quant.quant_call import quant_call_body
-from altgrad.quant.rounding import kernel_params, kernel_variant, quantize_eager
+from altgrad.quant.rounding import kernel_params, kernel_variant, quantize_eager, quantize_scaled
 from altgrad.quant.scaling import delayed_scale, none_scale, scale_consts, tensor_scale
 
 CPU = torch.device("cpu")
@@ -67,6 +67,10 @@ def test_every_preset_mode_and_policy_on_every_bf16_pattern(name: str, rounding:
         run_both(x, fmt, rounding, overflow, "none", False, 0, 1234, True, ())
         ref = quantize_eager(x, fmt, rounding, overflow, seed=99)
         assert_same_bits(quantize(x, fmt, rounding, overflow, seed=99), ref.numpy(), x.numpy(), f"{name} quantize")
+        each = torch.exp2(torch.randint(-8, 8, x.shape, generator=torch.Generator().manual_seed(1)).float())
+        ref = quantize_scaled(x, fmt, each, rounding, overflow, seed=3, compiled=False, scale_pow2=True)
+        ours = quantize_scaled(x, fmt, each, rounding, overflow, seed=3, scale_pow2=True)
+        assert_same_bits(ours, ref.numpy(), x.numpy(), f"{name} per-element scales")
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -96,17 +100,18 @@ def test_amax_edge_cases_fall_back_to_the_previous_scale() -> None:
 
 
 def test_a_given_scale_and_a_noncontiguous_input() -> None:
-    """quantize_scaled with a 0-dim scale (power of two or not) and a transposed input: the eager kernel's bits."""
-    from altgrad.quant.rounding import quantize_scaled
-
+    """quantize_scaled with a 0-dim, per-row or per-element scale (power of two or not) and a transposed input."""
     fmt = get_format("e5m2")
     x = torch.from_numpy(random_inputs(60 * 7, -20, 20, 3)).reshape(60, 7).t()
-    for scale, pow2 in ((torch.tensor(2.0**-9), True), (torch.tensor(3.7), False)):
+    per_row = torch.exp2(torch.arange(-3.0, 4.0)).reshape(7, 1)
+    per_element = torch.rand(7, 60, generator=torch.Generator().manual_seed(0)) * 40
+    for scale, pow2 in ((torch.tensor(2.0**-9), True), (torch.tensor(3.7), False), (per_row, True),
+                        (per_element, False), (per_element.abs().log2().floor().exp2(), True)):
         for rounding in ("nearest", "stochastic"):
             ref = quantize_scaled(x, fmt, scale, rounding, seed=5, compiled=False, scale_pow2=pow2)
             ours = quantize_scaled(x, fmt, scale, rounding, seed=5, scale_pow2=pow2)
             assert ours.shape == x.shape
-            assert_same_bits(ours.reshape(-1), ref.reshape(-1).numpy(), what=f"given scale {float(scale)}")
+            assert_same_bits(ours.reshape(-1), ref.reshape(-1).numpy(), what=f"scale of shape {tuple(scale.shape)}")
 
 
 def test_threads_split_the_work_without_changing_bits() -> None:
