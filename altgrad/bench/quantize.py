@@ -28,7 +28,7 @@ import torch
 
 from altgrad.host_memory import keep_freed_memory
 from altgrad.quant import ROUNDINGS, get_format, list_formats, native, quantize
-from altgrad.quant.fused import fused
+from altgrad.quant.compiled import fused
 from altgrad.quant.rounding import compiled_kernel, draw_seed, kernel_params, kernel_variant
 
 _TORCH_CASTS = {"e4m3fn": "float8_e4m3fn", "e5m2": "float8_e5m2", "bf16": "bfloat16", "fp16": "float16"}

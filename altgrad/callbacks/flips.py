@@ -31,7 +31,7 @@ from altgrad.callbacks.base import Instrument, backbone, mean, metric_name, quan
 from altgrad.diagnostics import ema_debiased, ema_update, segment_flip_counts, stall_ratio
 from altgrad.quant import quantize_scaled
 from altgrad.quant.fake_quant import kept_scale
-from altgrad.quant.fused import fused
+from altgrad.quant.compiled import fused
 from altgrad.quant.layers import QuantLinear
 
 _fused_counts = fused(segment_flip_counts)

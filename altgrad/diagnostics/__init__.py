@@ -4,7 +4,7 @@ from altgrad.diagnostics.attention import attention_entropy, attention_probs
 from altgrad.diagnostics.clipping import clip_to_range_, range_limit
 from altgrad.diagnostics.divergence import DivergenceDetector
 from altgrad.diagnostics.entropy import code_histogram, entropy_bits
-from altgrad.diagnostics.flips import (
+from altgrad.diagnostics.flip_counts import (
     FlipStep,
     code_index,
     ema_debiased,

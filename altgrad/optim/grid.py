@@ -20,7 +20,7 @@ from altgrad.optim.adam import hyper_tensor, init_adam_state
 from altgrad.optim.base import PLAIN_BETAS, PLAIN_EPS, PLAIN_LR, QuantAwareOptimizer
 from altgrad.optim.grid_walk import check_walkable, grid_adam_step_, grid_move_
 from altgrad.optim.stiffness import Grid
-from altgrad.quant.fused import fused
+from altgrad.quant.compiled import fused
 from altgrad.quant.rounding import draw_seed
 
 INNER_RULES = ("sgd", "adam")

@@ -18,7 +18,7 @@ from torch import Tensor
 from altgrad.optim.adam import adamw_step_, init_adam_state
 from altgrad.optim.base import PLAIN_BETAS, PLAIN_EPS, PLAIN_LR, QuantAwareOptimizer
 from altgrad.optim.stiffness import STIFFNESS_KINDS, Grid, grid_stiffness
-from altgrad.quant.fused import compile_enabled, fused
+from altgrad.quant.compiled import compile_enabled, fused
 
 STIFFNESS_PLACEMENTS = ("update", "grad")
 

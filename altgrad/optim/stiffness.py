@@ -43,6 +43,6 @@ def stiffness(w: Tensor, fmt: Any, scale: Tensor | float, kind: str = "pow2") ->
 def grid_stiffness(w: Tensor, grid: Grid, kind: str = "pow2") -> Tensor:
     """S(w) on ``grid``: its format at the scale ``grid.scale_for(w)`` the next forward pass would use.
 
-    One pure function of (w, grid state), so ``altgrad.quant.fused`` compiles scale and stiffness into one loop.
+    One pure function of (w, grid state), so ``altgrad.quant.compiled`` compiles scale and stiffness into one loop.
     """
     return stiffness(w, grid.spec.format, grid.scale_for(w), kind)

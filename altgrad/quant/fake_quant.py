@@ -3,11 +3,11 @@
 ``fake_quant``: forward x·s → quantize → /s, backward identity (the straight-through estimator).
 ``quant_grad``: forward identity, backward quantizes the incoming gradient (what a low-precision backward GEMM
 would consume). TensorQuantizer and GradQuantizer are the nn.Module forms that keep scaler state and per-call
-statistics in buffers.
+statistics in buffers; ``Quantizer.road`` says how their eager calls are computed (``choose_road``).
 
-Statistics cost about as much as the quantization itself, so they are computed only while ``track_stats`` is on
-(the default). When it is off, ``stats`` keeps the values of the last call that recorded them; a switch that turns
-``track_stats`` on and off per training step (FakeQuantCallback, ``quant.stats=demand``) gives every quantizer a
+Statistics are extra work on every element, so they are computed only while ``track_stats`` is on (the default).
+When it is off, ``stats`` keeps the values of the last call that recorded them; a switch that turns ``track_stats``
+on and off per training step (FakeQuantCallback, ``quant.stats=demand``) gives every quantizer a
 shared StatsRecord, and ``stats_step`` then says which step those values are from.
 """
 
@@ -20,7 +20,7 @@ from torch import nn
 
 from altgrad.quant import native
 from altgrad.quant.format import get_format
-from altgrad.quant.quant_call import quant_call, quant_call_body
+from altgrad.quant.quantizer_call import quant_call, quant_call_body
 from altgrad.quant.rounding import draw_seed, kernel_params, kernel_variant, quantize_scaled
 from altgrad.quant.scaling import Scaler, compute_scale, make_scaler, scale_consts
 from altgrad.quant.spec import QuantSpec

@@ -40,7 +40,8 @@ import torch
 
 from altgrad.quant.format import FloatFormat
 from altgrad.quant import native
-from altgrad.quant.fused import fused, renamed
+from altgrad.quant.device_constants import device_constant
+from altgrad.quant.compiled import fused, renamed
 
 ROUNDINGS = ("nearest", "stochastic", "toward_zero")
 OVERFLOWS = ("saturate", "overflow")
@@ -249,7 +250,6 @@ def _build(variant: Variant, scaled: str | None) -> fused:
 # The scale constants a native call reads only to compute a scale or statistics: a bare quantize does neither.
 _UNUSED_CONSTS = torch.zeros(3, dtype=torch.float32)
 _KERNELS: dict[tuple[Variant, str | None], fused] = {}
-_PARAMS: dict[tuple[FloatFormat, str, str, torch.device], torch.Tensor] = {}
 
 
 def compiled_kernel(variant: Variant, scaled: str | None) -> fused:
@@ -270,14 +270,8 @@ def check_modes(rounding: str, overflow: str) -> None:
 
 def kernel_params(fmt: FloatFormat, rounding: str, overflow: str, device: torch.device) -> torch.Tensor:
     """The int32 parameter tensor of (format, modes), cached per device so calls never copy host → device."""
-    if torch.compiler.is_compiling():  # traced into the caller's graph as a constant; no cache mutation there
-        return torch.tensor(_params(fmt, rounding, overflow), dtype=torch.int32, device=device)
-    key = (fmt, rounding, overflow, torch.device(device))
-    p = _PARAMS.get(key)
-    if p is None:
-        p = torch.tensor(_params(fmt, rounding, overflow), dtype=torch.int32, device=device)
-        _PARAMS[key] = p
-    return p
+    return device_constant(("kernel params", fmt, rounding, overflow), lambda: _params(fmt, rounding, overflow),
+                           torch.int32, device)
 
 
 def draw_seed(device: torch.device, generator: torch.Generator | None = None,

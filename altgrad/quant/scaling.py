@@ -13,8 +13,9 @@ import math
 import torch
 from torch import nn
 
+from altgrad.quant.device_constants import device_constant
 from altgrad.quant.format import FloatFormat
-from altgrad.quant.fused import stored_once
+from altgrad.quant.compiled import stored_once
 from altgrad.quant.rounding import ABS_MASK, INF_BITS
 from altgrad.quant.spec import ScalingSpec
 
@@ -49,35 +50,19 @@ def pow2_floor(s: torch.Tensor) -> torch.Tensor:
     return (s.view(torch.int32) & 0x7F800000).view(torch.float32)
 
 
-def scale_from_amax(fmt: FloatFormat, amax: torch.Tensor, prev: torch.Tensor | float, margin: int,
-                    pow2: bool) -> torch.Tensor:
-    """s = max / amax / 2^margin, with ``prev`` where amax is 0/Inf/NaN; finite, positive, optionally pow2."""
-    valid = torch.isfinite(amax) & (amax > 0)
-    s = torch.where(valid, exact_reciprocal(torch.where(valid, amax, 1.0)) * fmt.max, prev) * (2.0 ** -margin)
-    s = torch.clamp(torch.nan_to_num(s, nan=1.0, posinf=_S_MAX), _S_MIN, _S_MAX).to(torch.float32)
-    return pow2_floor(s) if pow2 else s
-
-
 # Slots of the per-(format, margin, device) float32 constant tensor that the pure scale functions read.
 C_MAX, C_MARGIN, C_MIN_NORMAL = range(3)
-_CONSTS: dict[tuple[FloatFormat, int, torch.device], torch.Tensor] = {}
 
 
 def scale_consts(fmt: FloatFormat, margin: int, device: torch.device) -> torch.Tensor:
     """float32 [max, 2^-margin, smallest normal] on ``device``, cached (no host → device copy per call)."""
-    values = [fmt.max, 2.0 ** -margin, math.ldexp(1.0, fmt.emin)]
-    if torch.compiler.is_compiling():  # a graph constant; no cache mutation inside a traced region
-        return torch.tensor(values, dtype=torch.float32, device=device)
-    key = (fmt, margin, torch.device(device))
-    c = _CONSTS.get(key)
-    if c is None:
-        c = _CONSTS[key] = torch.tensor(values, dtype=torch.float32, device=device)
-    return c
+    return device_constant(("scale consts", fmt, margin), lambda: [fmt.max, 2.0 ** -margin, math.ldexp(1.0, fmt.emin)],
+                           torch.float32, device)
 
 
-def _scale_from(amax: torch.Tensor, consts: torch.Tensor, prev: torch.Tensor | float, pow2: bool) -> torch.Tensor:
-    """scale_from_amax with the format's max and 2^-margin read from ``consts`` (bit for bit the same values:
-    ``max / a`` on a tensor is ``reciprocal(a) * max``, and multiplying by a power of two rounds once)."""
+def scale_from_amax(amax: torch.Tensor, consts: torch.Tensor, prev: torch.Tensor | float, pow2: bool) -> torch.Tensor:
+    """s = max / amax / 2^margin (max and 2^-margin from ``consts``), with ``prev`` where amax is 0/Inf/NaN; finite,
+    positive, clamped to [2^-126, 2^126], rounded down to a power of two when ``pow2``."""
     valid = torch.isfinite(amax) & (amax > 0)
     s = torch.where(valid, exact_reciprocal(torch.where(valid, amax, 1.0)) * consts[C_MAX], prev) * consts[C_MARGIN]
     s = torch.clamp(torch.nan_to_num(s, nan=1.0, posinf=_S_MAX), _S_MIN, _S_MAX).to(torch.float32)
@@ -98,7 +83,7 @@ def none_scale(x: torch.Tensor, consts: torch.Tensor, state: State, pow2: bool, 
 def tensor_scale(x: torch.Tensor, consts: torch.Tensor, state: State, pow2: bool, reduce: str,
                  block: int) -> tuple[torch.Tensor, State]:
     """One scale from x's amax; state = (last scale,), the fallback for a 0/Inf/NaN amax."""
-    s = _scale_from(finite_amax(x), consts, state[0], pow2)
+    s = scale_from_amax(finite_amax(x), consts, state[0], pow2)
     return s, (s,)
 
 
@@ -108,7 +93,7 @@ def delayed_scale(x: torch.Tensor, consts: torch.Tensor, state: State, pow2: boo
     hist, prev = state
     cur = finite_amax(x)
     ref = hist.amax() if reduce == "max" else hist[0]
-    s = _scale_from(torch.where(ref > 0, ref, cur), consts, prev, pow2)
+    s = scale_from_amax(torch.where(ref > 0, ref, cur), consts, prev, pow2)
     return s, (torch.cat([cur.reshape(1), hist[:-1]]), s)
 
 
@@ -116,7 +101,7 @@ def channel_scale(x: torch.Tensor, consts: torch.Tensor, state: State, pow2: boo
                   block: int) -> tuple[torch.Tensor, State]:
     """One scale per row (amax over the last dim); fallback 1; no state."""
     amax = finite_amax(x) if x.dim() < 2 else finite_amax(x, dim=-1)
-    return _scale_from(amax, consts, 1.0, pow2), ()
+    return scale_from_amax(amax, consts, 1.0, pow2), ()
 
 
 def block_scale(x: torch.Tensor, consts: torch.Tensor, state: State, pow2: bool, reduce: str,
@@ -126,7 +111,7 @@ def block_scale(x: torch.Tensor, consts: torch.Tensor, state: State, pow2: bool,
     pad = (-cols) % block
     a = torch.nn.functional.pad(x.detach().reshape(-1, cols).to(torch.float32), (0, pad))
     amax = finite_amax(a.reshape(a.shape[0], -1, block), dim=-1)  # (rows, blocks, 1)
-    s = _scale_from(amax, consts, 1.0, pow2=True).reshape(a.shape[0], -1)  # (rows, blocks)
+    s = scale_from_amax(amax, consts, 1.0, pow2=True).reshape(a.shape[0], -1)  # (rows, blocks)
     # column j takes its block's scale by a gather; the equivalent expand → reshape → [:, :cols] slice was
     # miscompiled by inductor (torch 2.13, CPU) whenever cols is not a multiple of the block: wrong scales past
     # the first block (tests/quant/test_fused_static.py)
@@ -237,5 +222,5 @@ def compute_scale(x: torch.Tensor, fmt: FloatFormat, spec: ScalingSpec) -> torch
     if spec.kind == "none":
         return None
     if spec.kind in ("tensor", "delayed"):
-        return scale_from_amax(fmt, finite_amax(x), 1.0, spec.margin, spec.pow2)
+        return scale_from_amax(finite_amax(x), scale_consts(fmt, spec.margin, x.device), 1.0, spec.pow2)
     return _SCALERS[spec.kind](fmt, spec)(x, update=False)

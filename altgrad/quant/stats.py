@@ -11,13 +11,11 @@ import math
 
 import torch
 
+from altgrad.quant.device_constants import device_constant
 from altgrad.quant.format import FloatFormat
-from altgrad.quant.fused import fused
+from altgrad.quant.compiled import fused
 
 STAT_NAMES = ("frac_saturated", "frac_zero", "frac_subnormal", "nonfinite", "amax", "scale")
-
-_CONSTS: dict[tuple[FloatFormat, torch.device], torch.Tensor] = {}
-
 
 def _stats(x: torch.Tensor, y: torch.Tensor, scale: torch.Tensor, consts: torch.Tensor) -> torch.Tensor:
     return stats_of(x, y, scale, consts[0], consts[1])
@@ -50,13 +48,8 @@ _fused_stats = fused(_stats)
 def quant_stats(x: torch.Tensor, y: torch.Tensor, fmt: FloatFormat, scale: torch.Tensor | None = None,
                 compiled: bool = True) -> torch.Tensor:
     """STAT_NAMES values for input x, its fake-quantized y (= q(x·s)/s) and the scale s (None = 1)."""
-    values = [fmt.max, math.ldexp(1.0, fmt.emin)]
-    if torch.compiler.is_compiling():  # a graph constant; no cache mutation inside a traced region
-        consts = torch.tensor(values, dtype=torch.float32, device=x.device)
-    else:
-        consts = _CONSTS.get((fmt, x.device))
-        if consts is None:
-            consts = _CONSTS[(fmt, x.device)] = torch.tensor(values, dtype=torch.float32, device=x.device)
+    consts = device_constant(("stats thresholds", fmt), lambda: [fmt.max, math.ldexp(1.0, fmt.emin)], torch.float32,
+                             x.device)
     if scale is None:
         scale = torch.ones((), dtype=torch.float32, device=x.device)
     with torch.no_grad():

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import altgrad.quant.quant_call as quant_call_module
+import altgrad.quant.quantizer_call as quantizer_call_module
 
 from altgrad.callbacks.fake_quant import FakeQuantCallback
 from altgrad.model import GPT, GPTConfig
@@ -111,7 +111,7 @@ def test_quantized_block_compiles_without_graph_breaks():
     FakeQuantCallback(FORMAT, {"base_rules": []}).apply(model)
     block = model.transformer.h[0]
     x = torch.randn(2, 16, 16)
-    quant_call_module._CALLS.clear()  # cold caches: the first traced call must not build functions (a break)
+    quantizer_call_module._CALLS.clear()  # cold caches: the first traced call must not build functions (a break)
     explanation = torch._dynamo.explain(model)(torch.randint(0, 64, (2, 16)))
     assert (explanation.graph_count, explanation.graph_break_count) == (1, 0), explanation.break_reasons
     explanation = torch._dynamo.explain(block)(x)

@@ -15,7 +15,7 @@ from quant_testlib import assert_same_bits, inputs_for, random_inputs
 from test_properties import formats
 
 from altgrad.quant import QuantSpec, ScalingSpec, TensorQuantizer, get_format, list_formats, native, quantize
-from altgrad.quant.quant_call import quant_call_body
+from altgrad.quant.quantizer_call import quant_call_body
 from altgrad.quant.rounding import kernel_params, kernel_variant, quantize_eager, quantize_scaled
 from altgrad.quant.scaling import delayed_scale, none_scale, scale_consts, tensor_scale
 

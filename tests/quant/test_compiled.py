@@ -1,4 +1,4 @@
-"""fused: the package's compile helper (torch.compile, eager fallback) and the private torch API it relies on."""
+"""altgrad.quant.compiled: torch.compile with an eager fallback, and the private torch API it relies on."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import warnings
 import pytest
 import torch
 
-import altgrad.quant.fused as fused_mod
+import altgrad.quant.compiled as compiled_mod
 from altgrad.quant import ScalingSpec, get_format
-from altgrad.quant.fused import fused, stored_once
+from altgrad.quant.compiled import fused, stored_once
 from altgrad.quant.rounding import draw_seed
 from altgrad.quant.scaling import block_scale, make_scaler, scale_consts
 
@@ -65,7 +65,7 @@ def test_a_failing_compile_warns_once_and_runs_eagerly(monkeypatch: pytest.Monke
     def boom(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
         raise RuntimeError("no compiler today")
 
-    monkeypatch.setattr(fused_mod.torch, "compile", lambda *a, **k: boom)
+    monkeypatch.setattr(compiled_mod.torch, "compile", lambda *a, **k: boom)
     f = fused(lambda t: t + 1)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -44,7 +44,7 @@ def stored_once(t: torch.Tensor) -> torch.Tensor:
     if t.device.type != "cpu" or not torch.compiler.is_compiling():
         return t
     # Private API, torch 2.13: prims.inductor_force_stride_order (registered by torch._inductor.inductor_prims) is
-    # the one way to make inductor materialise a value; tests/quant/test_fused.py fails loudly when it changes.
+    # the one way to make inductor materialise a value; tests/quant/test_compiled.py fails loudly when it changes.
     # Remove when torch offers a public "realize this buffer" hint.
     force = torch.ops.prims.inductor_force_stride_order
     if t.numel() == 1:  # stride constraints leave one-element tensors inlined: store two copies, read the first

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import torch
 
-from altgrad.quant.fused import fused, renamed, stored_once
+from altgrad.quant.compiled import fused, renamed, stored_once
 from altgrad.quant.rounding import Variant, scaled_kernel
 from altgrad.quant.scaling import C_MAX, C_MIN_NORMAL, State, block_scale
 from altgrad.quant.stats import stats_of
