@@ -6,8 +6,8 @@ used (the scale the weight quantizer's scaler kept, so no statistics are needed;
 scaling) and compared; the intended update is the optimizer's own change of the stored weight, read by an optimizer
 step post-hook before any snapping.
 Tensors that share a format are handled together: their tracked weights are concatenated, each side is quantized
-by the quantizers' own fused kernel with a per-element scale, and the per-tensor counting is one fused kernel
-(under ALTGRAD_COMPILE, like the quantizers): a handful of kernels per step for the whole model.
+by the quantizers' own kernel with a per-element scale, and the per-tensor counting is one pass (the native kernel
+for float32 CPU weights, else one compiled function): a handful of kernels per step for the whole model.
 ``max_weights_per_tensor`` tracks a fixed random sample of each tensor instead of all of it (an unbiased estimate
 of the same rates at a fraction of the cost; None = every weight). Counts accumulate on the device and are logged
 as means over each interval:
@@ -29,9 +29,10 @@ import torch
 
 from altgrad.callbacks.base import Instrument, backbone, mean, metric_name, quantized_weights
 from altgrad.diagnostics import ema_debiased, ema_update, segment_flip_counts, stall_ratio
-from altgrad.quant import quantize_scaled
-from altgrad.quant.fake_quant import kept_scale
+from altgrad.diagnostics.flip_counts import counts_from_sums
+from altgrad.quant import native, quantize_scaled
 from altgrad.quant.compiled import fused
+from altgrad.quant.fake_quant import kept_scale
 from altgrad.quant.layers import QuantLinear
 
 _fused_counts = fused(segment_flip_counts)
@@ -72,6 +73,7 @@ class _Group:
 
     members: list[_Tracked]
     segments: torch.Tensor        # tensor number of each tracked weight
+    starts: torch.Tensor          # int64: where each tensor's tracked weights begin, and their total at the end
     sizes: torch.Tensor           # tracked weights per tensor (float32)
     last_direction: torch.Tensor  # int8: −1/0/+1, direction of each tracked weight's last flip
     acc: torch.Tensor             # (tensors, 5): flips, updated, reversals, descent_cos sum, steps
@@ -137,6 +139,7 @@ class FlipCallback(Instrument):
             self.groups.append(_Group(
                 members=members, spec_key=key,
                 segments=torch.repeat_interleave(torch.arange(n, device=device), sizes),
+                starts=torch.cat([sizes.new_zeros(1), sizes.cumsum(0)]).cpu(),
                 sizes=sizes.float(),
                 last_direction=torch.zeros(int(sizes.sum()), dtype=torch.int8, device=device),
                 acc=torch.zeros(n, 5, dtype=torch.float32, device=device),
@@ -209,8 +212,14 @@ class FlipCallback(Instrument):
             fmt, overflow, _ = g.spec_key
             q_before = quantize_scaled(g.before, fmt, g.scale, "nearest", overflow)
             q_after = quantize_scaled(after, fmt, g.scale, "nearest", overflow)
-            counts, g.last_direction = _fused_counts(q_before, q_after, intended, g.last_direction, g.segments,
-                                                     len(g.members))
+            k = native.kernel()
+            if k is not None and all(native.takes(t) for t in (q_before, q_after, intended)):
+                # the native kernel: the eager function's sums (same order, float32), no per-process compile
+                sums, g.last_direction = native.flip_sums(k, q_before, q_after, intended, g.last_direction, g.starts)
+                counts = counts_from_sums(sums)
+            else:
+                counts, g.last_direction = _fused_counts(q_before, q_after, intended, g.last_direction, g.segments,
+                                                         len(g.members))
             g.acc += torch.cat([counts, counts.new_ones(counts.shape[0], 1)], dim=1)
             g.osc_ema = ema_update(g.osc_ema, counts[:, 2] / g.sizes, self.momentum)
             g.before = g.intended = g.scale = None

@@ -98,6 +98,37 @@ def flip_counts(
     return counts, new_last
 
 
+def segment_sums(
+    q_before: torch.Tensor,
+    q_after: torch.Tensor,
+    intended: torch.Tensor,
+    last_direction: torch.Tensor,
+    segments: torch.Tensor,
+    n_segments: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per segment (``segments[i]`` = the tensor of element i) the float32 sums [flipped, updated, reversed, a·b, a·a,
+    b·b] (a: intended change, b: applied change q_after − q_before), and the new last-flip direction (int8)."""
+    applied = q_after - q_before
+    direction = torch.sign(applied).to(torch.int8)
+    flipped = direction != 0
+    reversed_ = flipped & (direction * last_direction < 0)
+    new_last = torch.where(flipped, direction, last_direction)
+    a = intended.float()
+    b = applied.float()
+    columns = torch.stack([flipped.float(), (a != 0).float(), reversed_.float(), a * b, a * a, b * b], dim=1)
+    sums = torch.zeros(n_segments, 6, dtype=torch.float32, device=columns.device).index_add_(0, segments, columns)
+    return sums, new_last
+
+
+def counts_from_sums(sums: torch.Tensor) -> torch.Tensor:
+    """(n_segments, 4) [flips, updated, reversals, descent_cos] from ``segment_sums``'s sums."""
+    dot, na, nb = sums[:, 3], sums[:, 4], sums[:, 5]
+    denom = torch.sqrt(na * nb)
+    cos = torch.where(denom > 0, dot / torch.where(denom > 0, denom, torch.ones_like(denom)), torch.zeros_like(dot))
+    cos = torch.where((na == 0) & (nb == 0), torch.ones_like(cos), cos.clamp(-1.0, 1.0))
+    return torch.cat([sums[:, :3], cos.unsqueeze(1)], dim=1)
+
+
 def segment_flip_counts(
     q_before: torch.Tensor,
     q_after: torch.Tensor,
@@ -112,20 +143,8 @@ def segment_flip_counts(
     One pass over all tracked weights (a few kernels in all instead of a few per tensor); dot products are
     accumulated in float32.
     """
-    applied = q_after - q_before
-    direction = torch.sign(applied).to(torch.int8)
-    flipped = direction != 0
-    reversed_ = flipped & (direction * last_direction < 0)
-    new_last = torch.where(flipped, direction, last_direction)
-    a = intended.float()
-    b = applied.float()
-    columns = torch.stack([flipped.float(), (a != 0).float(), reversed_.float(), a * b, a * a, b * b], dim=1)
-    sums = torch.zeros(n_segments, 6, dtype=torch.float32, device=columns.device).index_add_(0, segments, columns)
-    dot, na, nb = sums[:, 3], sums[:, 4], sums[:, 5]
-    denom = torch.sqrt(na * nb)
-    cos = torch.where(denom > 0, dot / torch.where(denom > 0, denom, torch.ones_like(denom)), torch.zeros_like(dot))
-    cos = torch.where((na == 0) & (nb == 0), torch.ones_like(cos), cos.clamp(-1.0, 1.0))
-    return torch.cat([sums[:, :3], cos.unsqueeze(1)], dim=1), new_last
+    sums, new_last = segment_sums(q_before, q_after, intended, last_direction, segments, n_segments)
+    return counts_from_sums(sums), new_last
 
 
 def flip_step(

@@ -85,7 +85,8 @@ def _build(compiler_path: str, target: Path) -> None:
 
 
 class NativeKernel:
-    """The loaded library: ``call`` runs one quantizer call on raw pointers (see native_kernel.cpp)."""
+    """The loaded library: ``call`` runs one quantizer call, ``flip_sums`` the flips diagnostic's per-segment sums,
+    both on raw pointers (see native_kernel.cpp)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -96,6 +97,10 @@ class NativeKernel:
                        ctypes.c_int, ctypes.c_int, p, ctypes.c_int, p]
         fn.restype = ctypes.c_int
         self.call = fn
+        sums = lib.altgrad_flip_sums
+        sums.argtypes = [p, p, p, p, p, p, i64, p]
+        sums.restype = None
+        self.flip_sums = sums
         self.lanes = int(lib.altgrad_lanes())
         self._lib = lib
 
@@ -177,3 +182,18 @@ def quant_call(k: NativeKernel, x: torch.Tensor, params: torch.Tensor, rounding:
 def variant_flags(variant: object) -> int:
     """A rounding.Variant's optional steps as native_kernel.cpp's flag bits."""
     return sum(bit for name, bit in VARIANT_FLAGS.items() if getattr(variant, name))
+
+
+def flip_sums(k: NativeKernel, q_before: torch.Tensor, q_after: torch.Tensor, intended: torch.Tensor,
+              last_direction: torch.Tensor, starts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(n_segments × 6 float32 sums, new int8 directions) of diagnostics.flip_counts.segment_sums for contiguous
+    segments [starts[k], starts[k+1]) (int64 CPU); inputs: float32 / int8 CPU tensors of one length."""
+    qb, qa, a = (t.detach().contiguous() for t in (q_before, q_after, intended))
+    last = last_direction.contiguous()
+    starts = starts.contiguous()
+    n_seg = starts.numel() - 1
+    sums = torch.empty(n_seg, 6, dtype=torch.float32)
+    new = torch.empty_like(last)
+    k.flip_sums(qb.data_ptr(), qa.data_ptr(), a.data_ptr(), last.data_ptr(), new.data_ptr(), starts.data_ptr(), n_seg,
+                sums.data_ptr())
+    return sums, new

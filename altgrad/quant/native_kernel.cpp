@@ -474,4 +474,30 @@ int altgrad_quant_call(const float* x, float* y, int64_t n, const int32_t* p, in
   return 0;
 }
 
+// Flip sums of the flips diagnostic (diagnostics/flip_counts.py, ``segment_sums``) over n weights in segments
+// [starts[k], starts[k+1]): per segment, in element order and in float32 as torch's index_add_ accumulates them,
+// [flipped, intended != 0, reversed, a·b, a·a, b·b] with a = intended, b = q_after − q_before; and the new direction
+// of each weight's last flip (−1/0/+1, int8). sums: n_seg × 6 floats, written.
+void altgrad_flip_sums(const float* q_before, const float* q_after, const float* intended,
+                       const int8_t* last_direction, int8_t* new_direction, const int64_t* starts, int64_t n_seg,
+                       float* sums) {
+  for (int64_t k = 0; k < n_seg; ++k) {
+    float acc[6] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    for (int64_t i = starts[k]; i < starts[k + 1]; ++i) {
+      const float b = q_after[i] - q_before[i];
+      const int8_t d = b > 0.0f ? 1 : (b < 0.0f ? -1 : 0);  // torch.sign(b).to(int8); NaN → 0
+      const float a = intended[i];
+      const bool flipped = d != 0;
+      acc[0] = acc[0] + (flipped ? 1.0f : 0.0f);
+      acc[1] = acc[1] + (a != 0.0f ? 1.0f : 0.0f);
+      acc[2] = acc[2] + (flipped && d * last_direction[i] < 0 ? 1.0f : 0.0f);
+      acc[3] = acc[3] + a * b;
+      acc[4] = acc[4] + a * a;
+      acc[5] = acc[5] + b * b;
+      new_direction[i] = flipped ? d : last_direction[i];
+    }
+    for (int c = 0; c < 6; ++c) sums[6 * k + c] = acc[c];
+  }
+}
+
 }  // extern "C"

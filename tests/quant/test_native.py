@@ -20,8 +20,7 @@ from altgrad.quant.rounding import kernel_params, kernel_variant, quantize_eager
 from altgrad.quant.scaling import delayed_scale, none_scale, scale_consts, tensor_scale
 
 CPU = torch.device("cpu")
-pytestmark = pytest.mark.skipif(native.kernel() is None, reason="no C++ compiler here (the fallback test below "
-                                "runs without one)")
+needs_native = pytest.mark.skipif(native.kernel() is None, reason="no C++ compiler here")
 SCALE_FNS = {"none": none_scale, "tensor": tensor_scale, "delayed": delayed_scale}
 
 
@@ -58,6 +57,7 @@ def state_for(kind: str, history: list[float] | None = None, prev: float = 1.0) 
     return torch.tensor(history or [0.0] * 4, dtype=torch.float32), prev_t
 
 
+@needs_native
 @pytest.mark.parametrize("name", list_formats())
 @pytest.mark.parametrize("rounding", ["nearest", "stochastic", "toward_zero"])
 def test_every_preset_mode_and_policy_on_every_bf16_pattern(name: str, rounding: str) -> None:
@@ -73,6 +73,7 @@ def test_every_preset_mode_and_policy_on_every_bf16_pattern(name: str, rounding:
         assert_same_bits(ours, ref.numpy(), x.numpy(), f"{name} per-element scales")
 
 
+@needs_native
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(formats(), st.sampled_from(["nearest", "stochastic", "toward_zero"]), st.sampled_from(["saturate", "overflow"]),
        st.sampled_from(["none", "tensor", "delayed"]), st.booleans(), st.integers(-3, 3), st.integers(0, 2**31 - 1),
@@ -89,6 +90,7 @@ def test_native_call_equals_the_eager_call(fmt, rounding: str, overflow: str, ki
              reduce)
 
 
+@needs_native
 def test_amax_edge_cases_fall_back_to_the_previous_scale() -> None:
     """An input with no finite nonzero value keeps the previous scale; a tiny amax saturates the scale at 2^126."""
     fmt = get_format("e4m3")
@@ -99,6 +101,7 @@ def test_amax_edge_cases_fall_back_to_the_previous_scale() -> None:
             run_both(x, fmt, "nearest", "saturate", kind, False, 2, 0, True, state_for(kind, prev=3.0))
 
 
+@needs_native
 def test_a_given_scale_and_a_noncontiguous_input() -> None:
     """quantize_scaled with a 0-dim, per-row or per-element scale (power of two or not) and a transposed input."""
     fmt = get_format("e5m2")
@@ -114,6 +117,7 @@ def test_a_given_scale_and_a_noncontiguous_input() -> None:
             assert_same_bits(ours.reshape(-1), ref.reshape(-1).numpy(), what=f"scale of shape {tuple(scale.shape)}")
 
 
+@needs_native
 def test_threads_split_the_work_without_changing_bits() -> None:
     """Several threads (chunks of 2^15 elements) give the single-threaded bits and statistics."""
     fmt = get_format("e4m3")
@@ -123,6 +127,7 @@ def test_threads_split_the_work_without_changing_bits() -> None:
         run_both(x, fmt, rounding, "saturate", "tensor", True, 0, 42, True, state_for("tensor"))
 
 
+@needs_native
 def test_a_quantizer_takes_the_native_road_and_says_so() -> None:
     q = TensorQuantizer(QuantSpec(get_format("e4m3"), scaling=ScalingSpec(kind="tensor")))
     assert q.road == "native" and "road=native" in repr(q)
@@ -151,3 +156,24 @@ def test_a_missing_compiler_warns_once_and_the_compiled_road_serves(monkeypatch:
     monkeypatch.delenv("CXX")
     monkeypatch.delenv("XDG_CACHE_HOME")
     assert_same_bits(y1.detach(), TensorQuantizer(QuantSpec(fmt))(x).detach().numpy(), what="fallback quantizer")
+
+
+@needs_native
+def test_flip_sums_equal_the_eager_segment_sums() -> None:
+    """The flips diagnostic's per-tensor sums: the eager index_add_ bits (float32, element order), NaN and ±0 too."""
+    from altgrad.diagnostics.flip_counts import segment_sums
+
+    gen = torch.Generator().manual_seed(4)
+    sizes = torch.tensor([5, 1000, 37, 4096, 3])
+    n = int(sizes.sum())
+    grid = torch.tensor([-1.0, -0.5, -0.0, 0.0, 0.25, 0.5, 1.0, float("nan")])
+    q_before = grid[torch.randint(0, 8, (n,), generator=gen)]
+    q_after = grid[torch.randint(0, 8, (n,), generator=gen)]
+    intended = torch.randn(n, generator=gen) * (torch.rand(n, generator=gen) > 0.2)
+    last = torch.randint(-1, 2, (n,), generator=gen).to(torch.int8)
+    segments = torch.repeat_interleave(torch.arange(len(sizes)), sizes)
+    ref_sums, ref_last = segment_sums(q_before, q_after, intended, last, segments, len(sizes))
+    sums, new_last = native.flip_sums(native.kernel(), q_before, q_after, intended, last,
+                                      torch.cat([sizes.new_zeros(1), sizes.cumsum(0)]))
+    assert_same_bits(sums.reshape(-1), ref_sums.reshape(-1).numpy(), what="flip sums")
+    assert torch.equal(new_last, ref_last)
