@@ -18,7 +18,7 @@ def test_glibc_takes_both_thresholds() -> None:
     # (its effect is measured, not asserted here: the page-faults column of `python -m altgrad.bench step`)
     assert keep_freed_memory() is True
     assert keep_freed_memory() is True  # idempotent: train() may run several times in one process
-    assert freed_memory_kept() is True  # (what quant.streaming picks its stores by)
+    assert freed_memory_kept() is True
 
 
 def test_train_sets_it_unless_switched_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
