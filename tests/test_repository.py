@@ -10,7 +10,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 TEXT_SUFFIXES = {".py", ".yaml", ".md", ".cpp", ".toml", ".txt"}
 SOURCES = [p for top in ("altgrad", "conf", "docs", "tests") for p in (REPO / top).rglob("*")
-           if p.suffix in TEXT_SUFFIXES and p.is_file()] + [REPO / "README.md", REPO / "Makefile", REPO / "pyproject.toml"]
+           if p.suffix in TEXT_SUFFIXES and p.is_file()]
+SOURCES += [REPO / "README.md", REPO / "Makefile", REPO / "pyproject.toml"]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md")), *sorted((REPO / "conf").rglob("*.md"))]
 # A markdown link or image whose target is a relative path (no scheme, no pure anchor).
 LINK = re.compile(r"\]\((?!https?://|mailto:|#)([^)\s]+)\)")
