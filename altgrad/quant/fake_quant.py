@@ -198,11 +198,16 @@ class Quantizer(_StatsMarker, nn.Module):
     def quantize_now(self, x: torch.Tensor, seed: torch.Tensor | None, update: bool) -> torch.Tensor:
         """quantize(x·s)/s with the scaler's state, writing the new state (when ``update``) and the statistics (when
         tracked) into the buffers; eager dispatch only (traced calls go through ``_traced_quantize``)."""
-        if self.road == "native" and native.takes(x) and self.stats.device.type == "cpu":
+        if self.road == "native" and native.takes(x) and self._buffers_native():
             y = self._native(x, seed, update)
             if y is not None:
                 return y
         return self._compiled(x, seed, update)
+
+    def _buffers_native(self) -> bool:
+        """Whether the kernel may write the buffers in place: float32 on the CPU (not after ``.double()``)."""
+        return all(b.dtype == torch.float32 and b.device.type == "cpu" and b.is_contiguous()
+                   for b in (self.stats, *self.scaler.state()))
 
     def _native(self, x: torch.Tensor, seed: torch.Tensor | None, update: bool) -> torch.Tensor | None:
         spec, state = self.spec, self.scaler.state()

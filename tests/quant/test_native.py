@@ -135,6 +135,20 @@ def test_a_quantizer_takes_the_native_road_and_says_so() -> None:
     assert q_block.road != "native"  # per-block scales stay on the torch road
 
 
+@needs_native
+def test_buffers_of_another_dtype_take_the_compiled_road() -> None:
+    """After ``.double()`` the kernel cannot write the buffers in place: the call goes the torch way, same values."""
+    fmt = get_format("e4m3")
+    x = torch.from_numpy(random_inputs(500, -12, 10, 2))
+    reference = TensorQuantizer(QuantSpec(fmt, scaling=ScalingSpec(kind="delayed", history=3)))
+    q = TensorQuantizer(QuantSpec(fmt, scaling=ScalingSpec(kind="delayed", history=3))).double()
+    for _ in range(3):
+        assert_same_bits(q(x).detach(), reference(x).detach().numpy(), what="float64 buffers")
+    assert q.scaler.amax_history.dtype == torch.float64
+    assert torch.equal(q.scaler.amax_history.float(), reference.scaler.amax_history)
+    assert torch.equal(q.stats.float(), reference.stats)
+
+
 @pytest.mark.filterwarnings("default")
 def test_a_missing_compiler_warns_once_and_the_compiled_road_serves(monkeypatch: pytest.MonkeyPatch,
                                                                     tmp_path) -> None:
