@@ -89,7 +89,8 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--format", default="e4m3", help="format preset for weights and inputs (grads: e5m2)")
     parser.add_argument("--steps", type=int, default=30, help="timed steps per variant")
     parser.add_argument("--warmup", type=int, default=6,
-                        help="untimed steps first (torch.compile of the compiled variants and of the optimizer's fused steps)")
+                        help="untimed steps first (torch.compile of the compiled variants and of the optimizer's "
+                             "fused steps)")
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile variants")
     parser.add_argument("--model", default="nano", help="model preset of conf/model (default nano)")
