@@ -4,6 +4,8 @@
 PYTHON ?= python3
 EVIDENCE ?= multirun/evidence-cpu
 JOBLIB ?= hydra/launcher=joblib hydra.launcher.n_jobs=2
+# make study: sweeps at once, one thread each (the committed study records were computed with one thread)
+STUDY_JOBS ?= 2
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
@@ -65,7 +67,7 @@ evidence-cpu: $(STAMP) ## the committed CPU evidence: lr scans → lr pick → m
 	$(BIN)/python -m altgrad.report $(EVIDENCE)/lr_scan_cpu $(EVIDENCE)/lr_scan_cpu_ulp --out $(EVIDENCE)/report/lr_scan
 
 study: $(STAMP) ## the CPU study, resumable: pilot → tuning → evaluation → docs/results/study-cpu (rerun to go on)
-	$(BIN)/python -m altgrad.sweep.study $(ARGS)
+	OMP_NUM_THREADS=1 $(BIN)/python -m altgrad.sweep.study --jobs $(STUDY_JOBS) $(ARGS)
 
 evidence-gpu-data: $(STAMP) ## with network: EurLex tokens + tiktoken's gpt2 files into EVIDENCE_DATA (.cache/evidence-gpu)
 	ALTGRAD_CACHE=$(EVIDENCE_DATA) TIKTOKEN_CACHE_DIR=$(EVIDENCE_DATA)/tiktoken $(BIN)/python -m altgrad.data.prepare experiment=evidence_gpu $(ARGS)

@@ -7,6 +7,7 @@ on where it stopped. Each job's record (summary.json, metrics.csv, layer_map.jso
 into ``--records/<stage>/<job>`` as the job ends, and the report is written from those records alone::
 
     python -m altgrad.sweep.study                       # the study; rerun to resume
+    python -m altgrad.sweep.study --jobs 2              # two sweeps at a time (a 2-core machine: 1 thread each)
     python -m altgrad.sweep.study --debug --root DIR --records DIR --out DIR   # the same pipeline at debug size
     python -m altgrad.sweep.study --evidence-gpu --budget-s 540   # GPU confirmation, in resumable chunks
 
@@ -19,11 +20,17 @@ study's plan states why it keeps H anyway (``horizon_waiver``, printed with the 
 stop when lr_pick refuses a pick that no extension scan can settle. Exit codes: 0 done, 1 a job failed (rerun to
 retry it), 2 a refusal or a configuration error, 3 the time budget ran out (the running job checkpointed: rerun to
 go on); one line on stderr says which.
+
+With ``--jobs N`` a stage runs N sweeps at once into its folder: the arms' scans, the extension scans, and the
+tuning and evaluation grids split into one sweep per cell (format × arm or lr, its seeds inside). Job dirs are named
+by their overrides, so the split changes no job's dir, config or result, and a study may switch N between runs.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
+import os
 import shlex
 import signal
 import statistics
@@ -47,6 +54,8 @@ STOP_GRACE_S = 120.0
 """How long a sweep stopped at the end of the time budget may take to checkpoint its running job."""
 MIN_START_S = 30.0
 """A sweep is not started with less than this left of the time budget."""
+POLL_S = 1.0
+"""How often the driver looks at its running sweeps when several run at once."""
 MAX_EXTENSION_ROUNDS = 4
 """How many times one lr stage may extend its scan before it stops (each round adds two lrs per edge cell)."""
 
@@ -119,7 +128,8 @@ class Study:
     """One study's folders and the commands of its stages."""
 
     def __init__(self, plan: StudyPlan, root: Path, records: Path, out: Path, *, formats: Sequence[str] = (),
-                 budget_s: float | None = None) -> None:
+                 budget_s: float | None = None, jobs: int = 1) -> None:
+        self.jobs = jobs
         self.plan, self.root, self.records, self.out = plan, root.resolve(), records.resolve(), out.resolve()
         self.narrow = plan.narrow
         if plan.reference_format is not None:
@@ -143,29 +153,82 @@ class Study:
     def train(self, stage: str, args: Sequence[str]) -> None:
         """Run one sweep of a stage (a named experiment) into root/<stage>, then collect its records (the stage
         checks its jobs' results once all its sweeps ran: one sweep may resume another's interrupted job)."""
+        self.train_all(stage, [args])
+
+    def train_all(self, stage: str, sweeps: Sequence[Sequence[str]]) -> None:
+        """Run a stage's sweeps, up to ``jobs`` at a time (each a `python -m altgrad.train -m` process into the
+        same root/<stage>; their job dirs are disjoint), collecting each sweep's records as it ends.
+
+        At the end of the time budget every running sweep gets SIGTERM, so its running job checkpoints (exit 3);
+        a sweep that stops with a configuration error (exit 2) starts no further sweeps and stops the stage once
+        the running ones end."""
         self.restore(stage)
+        pending = [list(args) for args in sweeps]
+        running: list[subprocess.Popen] = []
+        config_error = False
+        try:
+            while True:
+                for proc in [p for p in running if p.poll() is not None]:
+                    running.remove(proc)
+                    collect(self.root / stage, self.records / stage)
+                    config_error |= proc.returncode == 2
+                while pending and len(running) < self.jobs and not config_error:
+                    self.check_time(stage)
+                    running.append(self.launch(stage, pending.pop(0)))
+                if not running:
+                    break
+                if self.deadline is not None and time.monotonic() >= self.deadline:
+                    self.stop(running)
+                    collect(self.root / stage, self.records / stage)
+                    raise StudyStop(f"{stage}: the time budget ran out; the running job was stopped with a "
+                                    "checkpoint: rerun the same command to continue", 3)
+                self.wait_any(running)
+        except BaseException:
+            self.stop(running)  # an interrupt or a stop: every running job checkpoints before the driver goes
+            raise
+        if config_error:
+            raise StudyStop(f"{stage}: the sweep stopped with a configuration error (exit 2; see above)", 2)
+
+    def launch(self, stage: str, args: Sequence[str]) -> subprocess.Popen:
+        """Start one sweep of a stage; with several at a time each gets its share of the CPU's threads."""
         extra = [f"hydra.sweep.dir={self.root / stage}", *self.extra_overrides(stage)]
         ours = {_key(a) for a in extra}
         command = [sys.executable, "-m", "altgrad.train", "-m", *(a for a in args if _key(a) not in ours and a != "-m"),
                    *extra]
-        self.check_time(stage)
+        env = None
+        if self.jobs > 1 and "OMP_NUM_THREADS" not in os.environ:
+            env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // self.jobs))}
         print(f"[study] {stage}: {shlex.join(['python', *command[1:]])}", flush=True)
-        proc = subprocess.Popen(command, cwd=REPO)
-        try:
-            rc = proc.wait(timeout=None if self.deadline is None else max(self.deadline - time.monotonic(), 0.0))
-        except subprocess.TimeoutExpired:  # end of the time budget: the running job checkpoints and stops
-            proc.send_signal(signal.SIGTERM)
+        return subprocess.Popen(command, cwd=REPO, env=env)
+
+    def wait_any(self, running: Sequence[subprocess.Popen]) -> None:
+        """Block until one of the running sweeps ends or the time budget runs out."""
+        if len(running) == 1:
+            left = None if self.deadline is None else max(self.deadline - time.monotonic(), 0.0)
             try:
-                proc.wait(timeout=STOP_GRACE_S)
+                running[0].wait(timeout=left)
+            except subprocess.TimeoutExpired:
+                pass
+            return
+        while all(p.poll() is None for p in running):
+            if self.deadline is not None and time.monotonic() >= self.deadline:
+                return
+            time.sleep(POLL_S)
+
+    @staticmethod
+    def stop(running: Sequence[subprocess.Popen]) -> None:
+        """SIGTERM every running sweep (its running job checkpoints), then wait for them; kill what outlasts
+        STOP_GRACE_S."""
+        for proc in running:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        end = time.monotonic() + STOP_GRACE_S
+        for proc in running:
+            try:
+                proc.wait(timeout=max(end - time.monotonic(), 0.0))
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-            collect(self.root / stage, self.records / stage)
-            raise StudyStop(f"{stage}: the time budget ran out; the running job was stopped with a checkpoint: "
-                            "rerun the same command to continue", 3) from None
-        collect(self.root / stage, self.records / stage)
-        if rc == 2:
-            raise StudyStop(f"{stage}: the sweep stopped with a configuration error (exit 2; see above)", 2)
 
     def check_time(self, stage: str) -> None:
         """Stop (exit 3) before starting a stage's sweep when less than MIN_START_S of the budget is left."""
@@ -225,14 +288,18 @@ class Study:
                         f"rule ({gap}); the pilot supports H = {pick.horizon}: set it in the study's base config", 2)
 
     def configured_horizon(self) -> int:
+        return int(self.compose([f"experiment={self.plan.tune}"]).trainer.max_steps)
+
+    def compose(self, overrides: Sequence[str], hydra: bool = False):  # -> DictConfig
+        """The train config with these overrides, as a job of this study sees it (the table's search path too)."""
         from hydra import compose, initialize_config_dir
         from hydra.core.global_hydra import GlobalHydra
 
+        search = [] if self.plan.table_in_repo else [f"hydra.searchpath=[file://{self.conf_root}]"]
         GlobalHydra.instance().clear()
         try:
             with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-                cfg = compose(config_name="train", overrides=[f"experiment={self.plan.tune}"])
-                return int(cfg.trainer.max_steps)
+                return compose(config_name="train", overrides=[*overrides, *search], return_hydra_config=hydra)
         finally:
             GlobalHydra.instance().clear()
 
@@ -249,28 +316,56 @@ class Study:
                 return
             if not extend.is_file():
                 raise StudyStop(f"{stage}: lr_pick refused a pick that no extension scan settles (see above)", 2)
-            for line in extend.read_text().splitlines():
-                if line.startswith("python -m altgrad.train "):
-                    self.train(stage, shlex.split(line)[3:])
+            self.train_all(stage, [shlex.split(line)[3:] for line in extend.read_text().splitlines()
+                                   if line.startswith("python -m altgrad.train ")])
             self.check_finished(stage)
         raise StudyStop(f"{stage}: still a pick at a grid edge after {MAX_EXTENSION_ROUNDS} extension rounds; "
                         f"see {extend}", 2)
 
     def tune(self) -> None:
-        self.train("tune", [f"experiment={self.plan.tune}", *self.narrow])
+        self.sweep_cells("tune", self.plan.tune)
         self.check_finished("tune")
         self.pick_lrs("tune")
 
     def tune_arms(self) -> None:
-        for arm, lrs in self.plan.arm_lrs.items():
-            self.train("tune_arms", [f"experiment={self.plan.tune_arms}", f"optimizer={arm}", f"optimizer.lr={lrs}",
-                                     *self.narrow])
+        self.train_all("tune_arms", [[f"experiment={self.plan.tune_arms}", f"optimizer={arm}", f"optimizer.lr={lrs}",
+                                      *self.narrow] for arm, lrs in self.plan.arm_lrs.items()])
         self.check_finished("tune_arms")
         self.pick_lrs("tune_arms")
 
     def evaluation(self) -> None:
-        self.train("eval", [f"experiment={self.plan.evaluation}", *self.narrow])
+        self.sweep_cells("eval", self.plan.evaluation)
         self.check_finished("eval")
+
+    def sweep_cells(self, stage: str, experiment: str) -> None:
+        """A stage's experiment as one sweep, or with several jobs at once as one sweep per cell (its seeds), so
+        that the cells share the CPUs to the end."""
+        if self.jobs == 1:
+            self.train(stage, [f"experiment={experiment}", *self.narrow])
+        else:
+            self.train_all(stage, [[f"experiment={experiment}", *cell] for cell in self.cells(experiment)])
+
+    def cells(self, experiment: str) -> list[list[str]]:
+        """The cells of an experiment's grid, narrowed: one override list per combination of its swept keys but
+        ``seed`` (the narrowing overrides of other keys kept), in the grid's order."""
+        from hydra.core.override_parser.overrides_parser import OverridesParser
+
+        narrow = dict(a.split("=", 1) for a in self.narrow)
+        params = {k: narrow.pop(k, v) for k, v in self.sweeper_params(experiment).items() if k != "seed"}
+        parser = OverridesParser.create()
+        values = []
+        for key, value in params.items():
+            override = parser.parse_override(f"{key}={value}")
+            values.append(list(override.sweep_string_iterator()) if override.is_sweep_override()
+                          else [override.get_value_element_as_str()])
+        rest = [f"{k}={v}" for k, v in narrow.items()]
+        return [[*(f"{k}={v}" for k, v in zip(params, combination)), *rest]
+                for combination in itertools.product(*values)]
+
+    def sweeper_params(self, experiment: str) -> dict[str, str]:
+        """An experiment's grid (hydra.sweeper.params) as composed from the configuration."""
+        cfg = self.compose([f"experiment={experiment}"], hydra=True)
+        return {str(k): str(v) for k, v in cfg.hydra.sweeper.params.items()}
 
     def report(self) -> None:
         command = [sys.executable, "-m", "altgrad.report", str(self.records), "--out", str(self.out)]
@@ -336,6 +431,9 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--records", type=Path, default=None,
                         help="job records (default docs/results/<study>/runs, <study> with - for _)")
     parser.add_argument("--out", type=Path, default=None, help="report folder (default: the records' parent)")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="sweeps run at once (tuning scans, extension scans, evaluation cells); each gets "
+                             "cpu_count/jobs threads unless OMP_NUM_THREADS is set")
     parser.add_argument("--until", choices=STAGES, default=None, help="stop after this stage")
     args = parser.parse_args(list(argv))
     name = "evidence_gpu" if args.evidence_gpu else "study_cpu"
@@ -344,6 +442,9 @@ def main(argv: Sequence[str]) -> int:
     root = args.root or REPO / "multirun" / slug
     records = args.records or REPO / "docs" / "results" / slug / "runs"
     out = args.out or records.parent
+    if args.jobs < 1:
+        print(f"error: --jobs={args.jobs} is invalid; valid: a whole number of sweeps ≥ 1", file=sys.stderr)
+        return 2
     if args.budget_s is not None and args.budget_s <= 0:
         print(f"error: --budget-s={args.budget_s:g} is invalid; valid: a positive number of seconds", file=sys.stderr)
         return 2
@@ -355,7 +456,7 @@ def main(argv: Sequence[str]) -> int:
             else:
                 formats = best_and_worst(args.cpu_records)
             print(f"[study] formats: {plan.reference_format} + {', '.join(formats)}", flush=True)
-        Study(plan, root, records, out, formats=formats, budget_s=args.budget_s).run(args.until)
+        Study(plan, root, records, out, formats=formats, budget_s=args.budget_s, jobs=args.jobs).run(args.until)
     except StudyStop as stop:
         print(f"error: {stop}", file=sys.stderr)
         return stop.code

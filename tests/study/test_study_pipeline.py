@@ -1,6 +1,7 @@
-"""The study driver at debug size, end to end through the real entry points: pilot → horizon check → AdamW tuning →
-arm tuning → tuned-lr table → evaluation at the table's lrs → report from the copied records alone; then the same
-command on an empty sweep folder resumes from the records without training anything again."""
+"""The study driver at debug size, two sweeps at a time, end to end through the real entry points: pilot → horizon
+check → AdamW tuning → arm tuning → tuned-lr table → evaluation at the table's lrs → report from the copied records
+alone; then the same command (one sweep at a time) on an empty sweep folder resumes from the records without
+training anything again."""
 
 from __future__ import annotations
 
@@ -35,7 +36,8 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def ran(tmp_path_factory: pytest.TempPathFactory, env: dict[str, str]) -> tuple[Path, subprocess.CompletedProcess]:
     base = tmp_path_factory.mktemp("study")
-    done = study(["--root", str(base / "root"), "--records", str(base / "runs"), "--out", str(base / "out")], env)
+    done = study(["--root", str(base / "root"), "--records", str(base / "runs"), "--out", str(base / "out"),
+                  "--jobs", "2"], env)
     return base, done
 
 
@@ -51,6 +53,10 @@ def test_the_debug_study_runs_every_stage(ran) -> None:
             assert files == RECORD, record
     assert len(list((runs / "pilot").iterdir())) == 2 and len(list((runs / "eval").iterdir())) == 3 * 2
     assert len(list((runs / "tune").iterdir())) >= 4 and len(list((runs / "tune_arms").iterdir())) >= 2 * 4
+    # two sweeps at a time: the evaluation as one sweep per cell (format × arm), its seeds inside
+    evals = [line for line in done.stdout.splitlines() if line.startswith("[study] eval: ")]
+    assert [next(a for a in line.split() if a.startswith("optimizer=")) for line in evals] == \
+        ["optimizer=adamw", "optimizer=manifold", "optimizer=relative"]
 
 
 def test_the_evaluation_ran_at_the_tuned_lrs(ran) -> None:

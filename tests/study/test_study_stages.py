@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -123,16 +126,94 @@ def test_an_edge_pick_is_extended_until_it_is_bracketed(tmp_path: Path, monkeypa
         job(lr)
     ran: list[list[str]] = []
 
-    def fake_train(stage: str, args) -> None:  # what the extension command asks for, as the sweep would run it
-        ran.append(list(args))
-        lrs = next(a for a in args if a.startswith("baseline.lr=")).split("=", 1)[1]
-        for lr in lrs.split(","):
-            job(float(lr))
+    def fake_train_all(stage: str, sweeps) -> None:  # what the extension commands ask for, as the sweeps run it
+        for args in sweeps:
+            ran.append(list(args))
+            lrs = next(a for a in args if a.startswith("baseline.lr=")).split("=", 1)[1]
+            for lr in lrs.split(","):
+                job(float(lr))
 
-    monkeypatch.setattr(st, "train", fake_train)
+    monkeypatch.setattr(st, "train_all", fake_train_all)
     st.pick_lrs("tune")
     assert [next(a for a in args if a.startswith("baseline.lr=")) for args in ran] == ["baseline.lr=0.03,0.1"]
     assert "experiment=study_cpu_tune" in ran[0] and "seed=101" in ran[0] and "format=e4m3" in ran[0]
     table = (tmp_path / "conf" / "tuned.yaml").read_text()
     assert "    adamw: 0.03  # 5/5 lrs 0.001…0.1 stable, seeds [101]: final val loss 1.9000" in table
     assert "    plain: 0.03  #" in table
+
+
+def fake_sweeps(st: Study, monkeypatch, code: str) -> list[tuple[list[str], subprocess.Popen, int]]:
+    """Make each sweep a Python process running CODE (its args in sys.argv); returns (args, process, how many
+    other sweeps were still running when it started) per launch."""
+    launched: list[tuple[list[str], subprocess.Popen, int]] = []
+
+    def launch(stage: str, args) -> subprocess.Popen:
+        overlapping = sum(p.poll() is None for _, p, _ in launched)
+        proc = subprocess.Popen([sys.executable, "-c", code, *args])
+        launched.append((list(args), proc, overlapping))
+        return proc
+
+    monkeypatch.setattr(st, "launch", launch)
+    return launched
+
+
+def test_several_sweeps_share_the_cpus_and_each_is_collected(tmp_path: Path, monkeypatch) -> None:
+    st = make_study(tmp_path)
+    st.jobs = 2
+    launched = fake_sweeps(st, monkeypatch, "import sys, time; time.sleep(3 if sys.argv[1] == 'b' else 0.5)")
+    collected: list[str] = []
+    monkeypatch.setattr(driver, "collect", lambda root, dest: collected.append(root.name))
+    st.train_all("eval", [["a"], ["b"], ["c"]])
+    assert [args for args, _, _ in launched] == [["a"], ["b"], ["c"]]
+    assert [others for _, _, others in launched] == [0, 1, 1]  # c starts when a ends, beside b: two at a time
+    assert all(p.returncode == 0 for _, p, _ in launched) and collected == ["eval"] * 3
+
+
+def test_one_sweep_at_a_time_by_default(tmp_path: Path, monkeypatch) -> None:
+    st = make_study(tmp_path)
+    launched = fake_sweeps(st, monkeypatch, "import time; time.sleep(0.3)")
+    st.train_all("eval", [["a"], ["b"]])
+    assert [others for _, _, others in launched] == [0, 0]
+
+
+def test_a_configuration_error_starts_no_further_sweep(tmp_path: Path, monkeypatch) -> None:
+    st = make_study(tmp_path)
+    st.jobs = 2
+    launched = fake_sweeps(st, monkeypatch, "import sys, time; time.sleep(0.5 if sys.argv[1] == 'a' else 2); "
+                                            "sys.exit(2 if sys.argv[1] == 'a' else 0)")
+    with pytest.raises(StudyStop, match="configuration error") as stop:
+        st.train_all("eval", [["a"], ["b"], ["c"]])
+    assert stop.value.code == 2
+    assert [args for args, _, _ in launched] == [["a"], ["b"]] and launched[1][1].returncode == 0  # b ran to its end
+
+
+def test_the_end_of_the_budget_stops_every_running_sweep_with_sigterm(tmp_path: Path, monkeypatch) -> None:
+    st = make_study(tmp_path)
+    st.jobs = 2
+    monkeypatch.setattr(driver, "MIN_START_S", 0.0)
+    st.deadline = time.monotonic() + 1.0
+    # a sweep that checkpoints on SIGTERM: exits 0 from its handler, else would sleep a minute
+    launched = fake_sweeps(st, monkeypatch, "import signal, sys, time; "
+                                            "signal.signal(signal.SIGTERM, lambda *a: sys.exit(0)); time.sleep(60)")
+    start = time.monotonic()
+    with pytest.raises(StudyStop, match="the time budget ran out") as stop:
+        st.train_all("eval", [["a"], ["b"], ["c"]])
+    assert stop.value.code == 3 and time.monotonic() - start < 30
+    assert [args for args, _, _ in launched] == [["a"], ["b"]]
+    assert all(p.returncode == 0 for _, p, _ in launched)  # stopped by their handlers, not killed
+
+
+def test_the_evaluation_runs_one_sweep_per_cell_with_several_jobs(tmp_path: Path) -> None:
+    st = make_study(tmp_path)
+    st.jobs = 2
+    cells = st.cells(st.plan.evaluation)
+    assert len(cells) == 7 * 3 and cells[0] == ["format=bf16_ref", "optimizer=adamw"]
+    assert cells[-1] == ["format=e7m0", "optimizer=relative"]
+    narrowed = Study(PLANS["evidence_gpu"], tmp_path / "r", tmp_path / "runs", tmp_path / "o", formats=("e4m3",))
+    assert narrowed.cells("evidence_gpu") == [[f"format={f}", f"optimizer={o}"] for f in ("bf16_ref", "e4m3")
+                                              for o in ("adamw", "manifold", "relative")]
+
+
+def test_jobs_below_one_is_refused_in_one_line(tmp_path: Path, capsys) -> None:
+    assert driver.main(["--jobs", "0", "--root", str(tmp_path / "root")]) == 2
+    assert capsys.readouterr().err == "error: --jobs=0 is invalid; valid: a whole number of sweeps ≥ 1\n"
