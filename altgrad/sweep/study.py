@@ -316,20 +316,29 @@ class Study:
                 return
             if not extend.is_file():
                 raise StudyStop(f"{stage}: lr_pick refused a pick that no extension scan settles (see above)", 2)
-            self.train_all(stage, [shlex.split(line)[3:] for line in extend.read_text().splitlines()
-                                   if line.startswith("python -m altgrad.train ")])
+            self.extend(stage)
             self.check_finished(stage)
         raise StudyStop(f"{stage}: still a pick at a grid edge after {MAX_EXTENSION_ROUNDS} extension rounds; "
                         f"see {extend}", 2)
 
+    def extend(self, stage: str) -> None:
+        """Run the extension scans lr_pick last wrote for a stage (finished jobs are skipped). Before a stage's
+        check this reruns an extension job that a stop left without a result (killed before its checkpoint)."""
+        extend = self.root / f"{stage}.extend.sh"
+        if extend.is_file():
+            self.train_all(stage, [shlex.split(line)[3:] for line in extend.read_text().splitlines()
+                                   if line.startswith("python -m altgrad.train ")])
+
     def tune(self) -> None:
         self.sweep_cells("tune", self.plan.tune)
+        self.extend("tune")
         self.check_finished("tune")
         self.pick_lrs("tune")
 
     def tune_arms(self) -> None:
         self.train_all("tune_arms", [[f"experiment={self.plan.tune_arms}", f"optimizer={arm}", f"optimizer.lr={lrs}",
                                       *self.narrow] for arm, lrs in self.plan.arm_lrs.items()])
+        self.extend("tune_arms")
         self.check_finished("tune_arms")
         self.pick_lrs("tune_arms")
 

@@ -217,3 +217,27 @@ def test_the_evaluation_runs_one_sweep_per_cell_with_several_jobs(tmp_path: Path
 def test_jobs_below_one_is_refused_in_one_line(tmp_path: Path, capsys) -> None:
     assert driver.main(["--jobs", "0", "--root", str(tmp_path / "root")]) == 2
     assert capsys.readouterr().err == "error: --jobs=0 is invalid; valid: a whole number of sweeps ≥ 1\n"
+
+
+def test_an_extension_job_a_stop_left_without_a_result_runs_again(tmp_path: Path, monkeypatch) -> None:
+    st = make_study(tmp_path)
+    write_job(st.root / "tune_arms" / "format=e4m3,optimizer.lr=0.1,optimizer=relative,seed=101",
+              {"status": "completed"})
+    killed = st.root / "tune_arms" / "format=e4m3,optimizer.lr=0.3,optimizer=relative,seed=101"
+    (killed / ".hydra").mkdir(parents=True)  # killed before its first checkpoint: no summary
+    (st.root / "tune_arms.extend.sh").write_text(
+        "# relative in e4m3: best lr 0.1 at the high edge\n"
+        "python -m altgrad.train format=e4m3 experiment=study_cpu_tune_arms optimizer=relative optimizer.lr=0.3,1 "
+        "seed=101\n")
+    ran: list[list[str]] = []
+
+    def fake_train_all(stage: str, sweeps) -> None:
+        ran.extend(list(a) for a in sweeps)
+        if any("optimizer.lr=0.3,1" in a for a in sweeps):
+            (killed / "summary.json").write_text(json.dumps({"status": "completed"}))
+
+    monkeypatch.setattr(st, "train_all", fake_train_all)
+    monkeypatch.setattr(st, "pick_lrs", lambda stage: None)
+    st.tune_arms()  # no "job(s) without a result" stop: the extension line ran before the check
+    assert ran[-1] == ["format=e4m3", "experiment=study_cpu_tune_arms", "optimizer=relative", "optimizer.lr=0.3,1",
+                       "seed=101"]
