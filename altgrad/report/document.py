@@ -97,7 +97,9 @@ def write_report(sweep_dirs: Sequence[str | os.PathLike[str]], out_dir: str | os
     caveats = caveat_lines(sweep.jobs, [j for _, result in studies for j in result.jobs])
     if caveats:
         parts += ["### Caveats", "", "\n".join(f"- {line}" for line in caveats), ""]
-    for experiment, result in studies:
+    for k, (experiment, result) in enumerate(studies):
+        mantissa_png = plots.plot_study_by_mantissa(result, out / ("study_by_mantissa.png" if k == 0 else
+                                                                  f"study_by_mantissa_{k}.png"))
         parts += [f"## Declared endpoint{f' ({experiment})' if experiment else ''}", "",
                   result.endpoint.describe() + ".", "",
                   ("Δ per seed = treatment − reference; a diverged or never-learning run enters with "
@@ -107,7 +109,9 @@ def write_report(sweep_dirs: Sequence[str | os.PathLike[str]], out_dir: str | os
                   tables.study_table(result), "",
                   "Ranking on the primary contrast (a format benefits most only when it has a `benefit` verdict "
                   "and every interval in the last column lies below zero):", "",
-                  tables.ranking_table(result), ""]
+                  tables.ranking_table(result), "",
+                  _figure(mantissa_png, "Δ and updates below half a ULP against mantissa bits",
+                          "No format with a Δ and a known mantissa width."), ""]
     if bad_declarations:
         parts += ["Invalid endpoint declarations (ignored):", ""] + [f"- {b}" for b in bad_declarations] + [""]
     parts += [

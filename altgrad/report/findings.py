@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from altgrad.report.benefit import Benefit
 from altgrad.report.cells import Cell, describe, varying_fields
 from altgrad.report.load import STATES, Sweep
-from altgrad.report.order import FORMAT_ORDER, REFERENCE_FORMATS, rank
+from altgrad.report.order import FORMAT_ORDER, REFERENCE_FORMATS, mantissa_bits, rank
 from altgrad.report.stages import FormatAttribution
 from altgrad.report.stats import holm, spearman
 from altgrad.report.study import SameGrid, StudyResult, grid_classes
@@ -194,17 +194,6 @@ def _ci(ci: tuple[float, float] | None) -> str:
     return "—" if ci is None else f"[{ci[0]:+.4f}, {ci[1]:+.4f}]"
 
 
-def _mantissa_bits(fmt: str) -> int | None:
-    """M of a format: the quantization library's when it knows the name, else parsed from ``eXmY``."""
-    try:
-        from altgrad.quant import get_format
-
-        return int(get_format(fmt).mbits)
-    except Exception:  # noqa: BLE001 - an unknown name simply has no known mantissa width
-        head, _, tail = fmt.partition("m")
-        return int(tail) if head.startswith("e") and head[1:].isdigit() and tail.isdigit() else None
-
-
 def study_lines(result: StudyResult, experiment: str | None = None) -> list[str]:
     """The answer of a declared study: only what survives its declared correction; "not established" otherwise."""
     ep = result.endpoint
@@ -267,7 +256,7 @@ def study_lines(result: StudyResult, experiment: str | None = None) -> list[str]
                    if ep.failure_value == "initial_val_loss" else "as missing (failure_value: exclude)")
         lines.append("Failures (diverged or never learned), entered in Δ " + entered + ": " + "; ".join(
             f"{a.format} {a.label} {a.n_failures}/{len(a.jobs)}" for a in failing) + ".")
-    pairs = [(_mantissa_bits(c.format), c.test.mean) for c in result.of(primary) if c.test.mean is not None]
+    pairs = [(mantissa_bits(c.format), c.test.mean) for c in result.of(primary) if c.test.mean is not None]
     pairs = [(m, d) for m, d in pairs if m is not None]
     corr = spearman([m for m, _ in pairs], [d for _, d in pairs])
     if corr is not None:

@@ -18,3 +18,14 @@ def rank(order: Sequence[str], value: Any) -> tuple[int, str]:
     """Sort key: position in ``order`` when listed there, else after all listed values, by name."""
     text = "" if value is None else str(value)
     return (order.index(text), "") if text in order else (len(order), text)
+
+
+def mantissa_bits(fmt: str) -> int | None:
+    """M of a format: the quantization library's when it knows the name, else parsed from ``eXmY``."""
+    try:
+        from altgrad.quant import get_format
+
+        return int(get_format(fmt).mbits)
+    except Exception:  # noqa: BLE001 - an unknown name simply has no known mantissa width
+        head, _, tail = fmt.partition("m")
+        return int(tail) if head.startswith("e") and head[1:].isdigit() and tail.isdigit() else None

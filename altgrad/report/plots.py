@@ -14,7 +14,8 @@ from matplotlib.figure import Figure
 from altgrad.report.benefit import Benefit
 from altgrad.report.cells import Cell, describe, varying_fields
 from altgrad.report.load import Job
-from altgrad.report.order import FORMAT_ORDER, OPTIMIZER_ORDER, STORAGE_ORDER, rank
+from altgrad.report.order import FORMAT_ORDER, OPTIMIZER_ORDER, STORAGE_ORDER, mantissa_bits, rank
+from altgrad.report.study import StudyResult
 
 
 def _save(fig: Figure, path: Path) -> Path:
@@ -91,6 +92,65 @@ def plot_benefit(benefits: Sequence[Benefit], path: Path) -> Path | None:
     ax.axvline(0.0, color="k", lw=0.8)
     ax.set_xlabel("Δ final val loss vs AdamW (negative = ULP-aware update helps)")
     ax.grid(axis="x", alpha=0.3)
+    return _save(fig, path)
+
+
+def sub_half_ulp_by_mantissa(result: StudyResult) -> dict[str, list[tuple[int, float]]]:
+    """Per arm of a declared study: (mantissa bits, median over seeds of the share of updates below half a ULP of
+    the weight's grid), in mantissa order; arms and formats without that diagnostic are left out."""
+    out: dict[str, list[tuple[int, float]]] = {}
+    for (fmt, arm), entry in sorted(result.arms.items(), key=lambda kv: (rank(OPTIMIZER_ORDER, kv[0][1]),
+                                                                          mantissa_bits(kv[0][0]) or 0)):
+        bits = mantissa_bits(fmt)
+        shares = [job.summary.get("diagnostics", {}).get("sub_half_ulp_share") for job in entry.jobs]
+        shares = [x for x in shares if isinstance(x, (int, float)) and math.isfinite(x)]
+        if bits is not None and shares:
+            out.setdefault(arm, []).append((bits, float(np.median(shares))))
+    return out
+
+
+def plot_study_by_mantissa(result: StudyResult, path: Path) -> Path | None:
+    """The declared study against mantissa bits: left, Δ of each contrast per format with its declared CI (hollow:
+    formats outside the family, descriptive); right, each arm's median share of updates below half a ULP of the
+    weight's grid (the mechanism: a step below ½ ULP is lost to round-to-nearest without a master copy)."""
+    comparisons = [c for c in (*result.comparisons, *result.outside)
+                   if c.test.mean is not None and mantissa_bits(c.format) is not None]
+    if not comparisons:
+        return None
+    contrasts = list(dict.fromkeys(c.contrast for c in comparisons))
+    fig = Figure(figsize=(11, 4.2), layout="constrained")
+    left, right = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
+    colors = colormaps["tab10"]
+    outside = {id(c) for c in result.outside}
+    for i, contrast in enumerate(contrasts):
+        offset = 0.25 * (i - (len(contrasts) - 1) / 2)
+        for c in (c for c in comparisons if c.contrast == contrast):
+            ci = c.ci
+            yerr = None if ci is None else [[c.test.mean - ci[0]], [ci[1] - c.test.mean]]
+            left.errorbar(mantissa_bits(c.format) + offset, c.test.mean, yerr=yerr, fmt="o", capsize=3,
+                          color=colors(i), mfc="white" if id(c) in outside else colors(i))
+        left.plot([], [], "o", color=colors(i), label=contrast.name)
+    left.axhline(0.0, color="k", lw=0.8)
+    left.set_xlabel("mantissa bits")
+    left.set_ylabel(f"Δ {result.endpoint.metric} (negative: treatment helps)")
+    left.set_title(f"Δ per format, {100 * (1 - result.endpoint.alpha):g}% CI (hollow: outside the family)",
+                   fontsize=9)
+    left.legend(fontsize=7)
+    for j, (arm, points) in enumerate(sub_half_ulp_by_mantissa(result).items()):
+        right.plot(*zip(*points), "o-", color=colors(len(contrasts) + j), label=arm)
+    right.set_xlabel("mantissa bits")
+    right.set_ylabel("share of updates < ½ ULP (median over seeds)")
+    right.set_ylim(-0.02, 1.02)
+    right.set_title("mechanism: updates below half a ULP of the weight's grid", fontsize=9)
+    if right.lines:
+        right.legend(fontsize=7)
+    bits = sorted({mantissa_bits(c.format) for c in comparisons})
+    names = {b: "/".join(sorted({c.format for c in comparisons if mantissa_bits(c.format) == b},
+                                key=lambda f: rank(FORMAT_ORDER, f))) for b in bits}
+    for ax in (left, right):
+        ax.set_xticks(bits)
+        ax.set_xticklabels([f"{b}\n{names[b]}" for b in bits], fontsize=7)
+        ax.grid(alpha=0.3)
     return _save(fig, path)
 
 

@@ -237,3 +237,20 @@ def test_formats_outside_the_family_are_described_not_tested() -> None:
     assert any(line.startswith("Outside the declared family (descriptive, uncorrected; a gain there too is not "
                                "specific to the 8-bit grids): bf16_ref manifold[update] − adamw Δ = -0.1000")
                for line in study_lines(result))
+
+
+def test_the_study_is_plotted_against_mantissa_bits(tmp_path: Path) -> None:
+    from altgrad.report import plots
+
+    jobs = study({("e7m0", "manifold[update]"): -0.3}, np.random.default_rng(7))
+    for j in jobs:  # the mechanism: AdamW's updates fall below half a ULP more often on the coarser grids
+        share = {"e3m4": 0.2, "e4m3": 0.4, "e5m2": 0.6, "e7m0": 0.9}[j.format] if j.optimizer == "adamw" else 0.05
+        j.summary["diagnostics"] = {"sub_half_ulp_share": share}
+    result = run(jobs)
+    shares = plots.sub_half_ulp_by_mantissa(result)
+    assert shares["adamw"] == [(0, 0.9), (2, 0.6), (3, 0.4), (4, 0.2)]
+    assert shares["manifold[update]"] == shares["relative"] == [(0, 0.05), (2, 0.05), (3, 0.05), (4, 0.05)]
+    path = plots.plot_study_by_mantissa(result, tmp_path / "by_mantissa.png")
+    assert path is not None and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    empty = run([job(f, a, s, None, status="failed") for f in FORMATS for a in ARMS for s in range(2)])
+    assert plots.plot_study_by_mantissa(empty, tmp_path / "none.png") is None
