@@ -9,6 +9,8 @@ declaration get an exploratory answer: every comparison Holm-corrected together,
 
 from __future__ import annotations
 
+import math
+import statistics
 from collections.abc import Callable, Sequence
 
 from altgrad.report.benefit import Benefit
@@ -17,7 +19,7 @@ from altgrad.report.load import STATES, Sweep
 from altgrad.report.order import FORMAT_ORDER, REFERENCE_FORMATS, mantissa_bits, rank
 from altgrad.report.stages import FormatAttribution
 from altgrad.report.stats import holm, spearman
-from altgrad.report.study import SameGrid, StudyResult, grid_classes
+from altgrad.report.study import Arm, SameGrid, StudyResult, grid_classes
 from altgrad.report.tables import ci_text, num, sig
 
 STALL = "mean_stall_ratio"
@@ -175,18 +177,67 @@ def why_lines(benefits: Sequence[Benefit], cells: Sequence[Cell]) -> list[str]:
     return lines
 
 
+MECHANISM = (("sub_half_ulp_share", "share of updates < ½ ULP"), ("ulp_update_q50", "median |Δw|/ULP"),
+             (STALL, "stall ratio"), ("final_flip_rate", "final flip rate"),
+             ("min_grad_cosine", "min gradient cosine"))
+"""The mechanism diagnostics a declared study's "why" reads per arm (median over its seeds), with their names."""
+
+
+def _arm_median(arm: Arm | None, name: str) -> float | None:
+    values = [v for j in (arm.jobs if arm is not None else ()) if isinstance(v := j.diagnostics.get(name), float)
+              and math.isfinite(v)]
+    return statistics.median(values) if values else None
+
+
+def study_why_lines(result: StudyResult) -> list[str]:
+    """A declared study's "why", from its own runs: does the primary contrast's Δ go with how much of the
+    reference arm's update falls below half a ULP (or stalls), per format? Exploratory: one point per format, exact
+    permutation p, outside the declared family and its correction."""
+    primary = result.endpoint.primary_contrast
+    comps = [c for c in (*result.of(primary), *(c for c in result.outside if c.contrast == primary))
+             if c.test.mean is not None]
+    if not comps:
+        return []
+    if not any(_arm_median(c.reference, name) is not None for c in comps for name, _ in MECHANISM):
+        return ["No mechanism diagnostics were recorded in the study's summaries, so it cannot show why."]
+    lines = []
+    ref = primary.reference
+    family = [c for c in comps if c.format in result.formats]
+    for name, label in MECHANISM[:3]:
+        pairs = [(m, c.test.mean) for c in family if (m := _arm_median(c.reference, name)) is not None]
+        corr = spearman([m for m, _ in pairs], [d for _, d in pairs])
+        if corr is not None:
+            rho, p = corr
+            lines.append(f"Why (exploratory, outside the declared family): across {len(pairs)} formats, Spearman ρ "
+                         f"between {ref}'s {label} and Δ({primary.name}) = {rho:+.2f}, exact permutation p = "
+                         f"{p:.3g} (negative ρ: the higher {ref}'s {label}, the more the treatment gains)"
+                         + (" — an association at α." if p < result.endpoint.alpha else
+                            " — no association established."))
+    for c in sorted(comps, key=lambda c: rank(FORMAT_ORDER, c.format)):
+        parts = []
+        for name, label in MECHANISM:
+            base, treat = _arm_median(c.reference, name), _arm_median(c.treatment, name)
+            if base is not None or treat is not None:
+                parts.append(f"{label} {sig(base)} → {sig(treat)}")
+        if parts:
+            lines.append(f"{c.format} (Δ = {c.test.mean:+.4f}), {ref} → {primary.treatment}, median over seeds: "
+                         + "; ".join(parts) + ".")
+    return lines
+
+
 def findings(sweep: Sweep, cells: Sequence[Cell], benefits: Sequence[Benefit],
              attributions: Sequence[FormatAttribution], threshold: float = 0.0,
              studies: Sequence[tuple[str | None, StudyResult]] = (), same_grid: SameGrid | None = None) -> str:
     """The Findings section body (markdown bullets): the declared studies' answers when there are any, else the
     exploratory, Holm-corrected one."""
     lines = evidence_base(sweep, cells)
-    if studies:
+    if studies:  # the why from each declared study's own runs (tuning runs elsewhere in the sweeps stay out)
         for experiment, result in studies:
-            lines += study_lines(result, experiment)
+            lines += study_lines(result, experiment) + study_why_lines(result)
+        lines += failure_lines(attributions, threshold)
     else:
-        lines += answer(benefits, same_grid=same_grid)
-    lines += failure_lines(attributions, threshold) + why_lines(benefits, cells)
+        lines += answer(benefits, same_grid=same_grid) + failure_lines(attributions, threshold)
+        lines += why_lines(benefits, cells)
     return "\n".join(f"- {line}" for line in lines)
 
 

@@ -254,3 +254,23 @@ def test_the_study_is_plotted_against_mantissa_bits(tmp_path: Path) -> None:
     assert path is not None and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     empty = run([job(f, a, s, None, status="failed") for f in FORMATS for a in ARMS for s in range(2)])
     assert plots.plot_study_by_mantissa(empty, tmp_path / "none.png") is None
+
+
+def test_the_why_is_read_from_the_study_arms_and_stays_exploratory() -> None:
+    from altgrad.report.findings import study_why_lines
+
+    jobs = study({(f, "manifold[update]"): d for f, d in zip(FORMATS, (-0.02, -0.1, -0.2, -0.4))},
+                 np.random.default_rng(11))
+    share = dict(zip(FORMATS, (0.2, 0.4, 0.6, 0.9)))  # more of AdamW's update below ½ ULP where the gain is larger
+    for j in jobs:
+        j.summary["diagnostics"] = {"sub_half_ulp_share": share[j.format] if j.optimizer == "adamw" else 0.05,
+                                    "mean_stall_ratio": 0.5}
+    lines = study_why_lines(run(jobs))
+    assert lines[0].startswith("Why (exploratory, outside the declared family): across 4 formats, Spearman ρ "
+                               "between adamw's share of updates < ½ ULP and Δ(manifold[update] − adamw) = -1.00")
+    assert "no association established" in lines[0]  # 4 points: the exact p is 1/24 · 2 > 0.05 at best
+    assert not any("stall ratio and" in line for line in lines)  # constant: no correlation to state
+    assert "e7m0 (Δ = " in lines[-1] and "share of updates < ½ ULP 0.9 → 0.05" in lines[-1]
+    bare = run(study({}, np.random.default_rng(1)))
+    assert study_why_lines(bare) == ["No mechanism diagnostics were recorded in the study's summaries, so it cannot "
+                                     "show why."]
