@@ -13,10 +13,10 @@ QUICK = [*MODEL, "trainer.max_steps=4"]
 
 
 @pytest.fixture(scope="module")
-def files(tmp_path_factory: pytest.TempPathFactory, fault_env: dict[str, str]) -> Path:
+def files(tmp_path_factory: pytest.TempPathFactory, offline_env: dict[str, str]) -> Path:
     """A finished 4-step run (its checkpoint) and the broken inputs the cases below point at."""
     root = tmp_path_factory.mktemp("bad_inputs")
-    result = run_train([*_corpus("format=e4m3"), f"hydra.run.dir={root / 'done'}"], fault_env)
+    result = run_train([*_corpus("format=e4m3"), f"hydra.run.dir={root / 'done'}"], offline_env)
     assert result.returncode == 0, result.stderr[-2000:]
     (root / "empty.ckpt").write_bytes(b"")
     (root / "garbage.ckpt").write_bytes(bytes(range(256)) * 8)
@@ -85,13 +85,13 @@ SLOW = ("truncated checkpoint", "foreign checkpoint", "checkpoint with objects",
 
 
 @pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.slow) if c in SLOW else c for c in CASES])
-def test_a_bad_input_is_one_line(case: str, files: Path, tmp_path: Path, fault_env: dict[str, str]) -> None:
+def test_a_bad_input_is_one_line(case: str, files: Path, tmp_path: Path, offline_env: dict[str, str]) -> None:
     make_args, expected = CASES[case]
     args = make_args(files)
     if not any(a.startswith("hydra.run.dir=") for a in args):
         args.append(f"hydra.run.dir={tmp_path / 'run'}")
     done = {p: p.read_bytes() for p in (files / "done").rglob("*") if p.is_file()}
-    result = run_train(args, fault_env)
+    result = run_train(args, offline_env)
     assert result.returncode != 0
     assert {p: p.read_bytes() for p in (files / "done").rglob("*") if p.is_file()} == done  # .hydra/ included
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
@@ -103,11 +103,11 @@ def test_a_bad_input_is_one_line(case: str, files: Path, tmp_path: Path, fault_e
 
 @pytest.mark.parametrize("change", [["format=e5m2"], pytest.param(["optimizer=sgd"], marks=pytest.mark.slow)])
 def test_resume_with_new_config_is_explicit_and_recorded(change: list[str], files: Path, tmp_path: Path,
-                                                         fault_env: dict[str, str]) -> None:
+                                                         offline_env: dict[str, str]) -> None:
     run_dir = tmp_path / "run"
     args = [*_corpus("format=e4m3", *change), "trainer.max_steps=6", f"ckpt_path={files / 'done'}",
             "+resume_with_new_config=true", f"hydra.run.dir={run_dir}"]
-    result = run_train(args, fault_env)
+    result = run_train(args, offline_env)
     assert result.returncode == 0, result.stderr[-2000:]
     s = json.loads((run_dir / "summary.json").read_text())
     assert s["status"] == "completed" and s["steps"] == 6 and s["resumed_at_step"] == 4

@@ -24,8 +24,8 @@ def _val_rows_at_step_0(run_dir: Path) -> int:
     return sum(1 for line in lines[1:] if line.split(",")[step] == "0" and line.split(",")[val])
 
 
-def test_two_runs_started_together_get_two_folders(tmp_path: Path, fault_env: dict[str, str]) -> None:
-    procs = [_start(QUICK, fault_env, tmp_path) for _ in range(2)]  # the default run dir, under tmp_path/outputs
+def test_two_runs_started_together_get_two_folders(tmp_path: Path, offline_env: dict[str, str]) -> None:
+    procs = [_start(QUICK, offline_env, tmp_path) for _ in range(2)]  # the default run dir, under tmp_path/outputs
     outs = [p.communicate(timeout=300) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [o[1][-2000:] for o in outs]
     run_dirs = {line.split("run dir: ", 1)[1] for out, _ in outs for line in out.splitlines()
@@ -37,9 +37,9 @@ def test_two_runs_started_together_get_two_folders(tmp_path: Path, fault_env: di
 
 
 @pytest.mark.slow
-def test_two_runs_in_one_explicit_folder_one_is_refused(tmp_path: Path, fault_env: dict[str, str]) -> None:
+def test_two_runs_in_one_explicit_folder_one_is_refused(tmp_path: Path, offline_env: dict[str, str]) -> None:
     run_dir = tmp_path / "shared"
-    procs = [_start([*QUICK, f"hydra.run.dir={run_dir}"], fault_env, tmp_path) for _ in range(2)]
+    procs = [_start([*QUICK, f"hydra.run.dir={run_dir}"], offline_env, tmp_path) for _ in range(2)]
     outs = [p.communicate(timeout=300) for p in procs]
     assert sorted(p.returncode for p in procs) == [0, 2], [o[1][-2000:] for o in outs]
     refused = outs[[p.returncode for p in procs].index(2)][1]
@@ -50,11 +50,11 @@ def test_two_runs_in_one_explicit_folder_one_is_refused(tmp_path: Path, fault_en
 
 
 @pytest.mark.slow  # the default suite checks the refusal in test_bad_inputs.py
-def test_a_finished_folder_is_refused_and_left_as_it_was(tmp_path: Path, fault_env: dict[str, str]) -> None:
+def test_a_finished_folder_is_refused_and_left_as_it_was(tmp_path: Path, offline_env: dict[str, str]) -> None:
     run_dir = tmp_path / "done"
-    assert run_train([*QUICK, f"hydra.run.dir={run_dir}"], fault_env).returncode == 0
+    assert run_train([*QUICK, f"hydra.run.dir={run_dir}"], offline_env).returncode == 0
     before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
-    result = run_train([*QUICK, "seed=7", f"hydra.run.dir={run_dir}"], fault_env)
+    result = run_train([*QUICK, "seed=7", f"hydra.run.dir={run_dir}"], offline_env)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1] == (
         f"error: run dir {run_dir} already holds a completed run (3 steps); give another hydra.run.dir "

@@ -27,9 +27,9 @@ def name(family: str, seed: int) -> str:
 
 
 @pytest.fixture(scope="module")
-def first_sweep(tmp_path_factory: pytest.TempPathFactory, sweep_env: dict[str, str]) -> tuple[Path, object]:
+def first_sweep(tmp_path_factory: pytest.TempPathFactory, offline_env: dict[str, str]) -> tuple[Path, object]:
     sweep_dir = tmp_path_factory.mktemp("layer_sensitivity_debug")
-    proc = run_train([*GRID, f"hydra.sweep.dir={sweep_dir}"], sweep_env)
+    proc = run_train([*GRID, f"hydra.sweep.dir={sweep_dir}"], offline_env)
     return sweep_dir, proc
 
 
@@ -50,7 +50,7 @@ def test_basic_launcher_runs_every_job_despite_a_failure(first_sweep: tuple[Path
 
 
 def test_resumed_rerun_under_submitit_skips_finished_jobs(first_sweep: tuple[Path, object],
-                                                          sweep_env: dict[str, str]) -> None:
+                                                          offline_env: dict[str, str]) -> None:
     sweep_dir, _ = first_sweep
     kept = [sweep_dir / name(family, 1) / f for family in ("attn", "mlp", "head")
             for f in ("summary.json", "metrics.csv") if (sweep_dir / name(family, 1) / f).is_file()]
@@ -58,7 +58,7 @@ def test_resumed_rerun_under_submitit_skips_finished_jobs(first_sweep: tuple[Pat
     args = [*GRID, "layer_map.family=mlp", "hydra.sweeper.params.seed='1,2'", "+resume_sweep=true",
             "hydra/launcher=submitit_local", "hydra.launcher.timeout_min=10"]
     assert [j.subdir for j in plan(args)] == [name("mlp", 1), name("mlp", 2)]
-    proc = run_train([*args, f"hydra.sweep.dir={sweep_dir}"], sweep_env)
+    proc = run_train([*args, f"hydra.sweep.dir={sweep_dir}"], offline_env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in kept} == before  # nothing finished was rewritten
     new = summary(sweep_dir / name("mlp", 2))

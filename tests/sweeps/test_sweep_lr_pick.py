@@ -220,14 +220,14 @@ SCAN = ["experiment=lr_scan_debug", "+experiment/arm=adamw-fp32_master", "format
 
 @pytest.mark.slow
 def test_a_real_scan_is_refused_at_its_edge_then_extended_into_the_same_folder(tmp_path: Path,
-                                                                               sweep_env: dict[str, str]) -> None:
+                                                                               offline_env: dict[str, str]) -> None:
     sweep = tmp_path / "scan"
-    done = run_train([*SCAN, "optimizer.lr=1e-4,3e-4", f"hydra.sweep.dir={sweep}"], sweep_env)
+    done = run_train([*SCAN, "optimizer.lr=1e-4,3e-4", f"hydra.sweep.dir={sweep}"], offline_env)
     assert done.returncode == 0, done.stderr[-2000:]
     script = tmp_path / "extend.sh"
     assert main([str(sweep), "--table", str(tmp_path / "t.yaml"), "--extend", str(script)]) == 2
     assert "optimizer.lr=0.001,0.003 seed=101" in script.read_text()  # losses fall with lr here: the high edge
-    env = {**sweep_env, "PATH": f"{Path(sys.executable).parent}:{sweep_env['PATH']}"}  # the script's python
+    env = {**offline_env, "PATH": f"{Path(sys.executable).parent}:{offline_env['PATH']}"}  # the script's python
     for _ in range(2):  # the second run finds every job finished and skips it
         ran = subprocess.run(["bash", str(script)], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
         assert ran.returncode == 0, ran.stderr[-2000:]

@@ -1,4 +1,5 @@
-"""Shared set-up for the fault tests: an offline environment with eager quantization kernels and a tmp token cache."""
+"""Shared set-up: an offline environment, with eager quantization kernels and tmp caches, for the tests that run
+`python -m altgrad.train` in a subprocess."""
 
 from __future__ import annotations
 
@@ -8,12 +9,12 @@ import pytest
 
 
 @pytest.fixture(scope="session")
-def fault_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+def offline_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """Environment for `python -m altgrad.train` subprocesses: no network, no compile, caches under pytest's tmp."""
-    root = tmp_path_factory.mktemp("fault_env")
+    root = tmp_path_factory.mktemp("offline_env")
     return {
         **os.environ,
-        "ALTGRAD_COMPILE": "0",  # eager kernels: compiling would dominate runs of a few steps
+        "ALTGRAD_COMPILE": "0",  # eager kernels: compiling would dominate few-step jobs (compile parity: tests/quant)
         "ALTGRAD_CACHE": str(root / "altgrad_cache"),
         "WANDB_MODE": "offline",
         "WANDB_SILENT": "true",
