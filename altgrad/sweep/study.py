@@ -21,9 +21,10 @@ stop when lr_pick refuses a pick that no extension scan can settle. Exit codes: 
 retry it), 2 a refusal or a configuration error, 3 the time budget ran out (the running job checkpointed: rerun to
 go on); one line on stderr says which.
 
-With ``--jobs N`` a stage runs N sweeps at once into its folder: the arms' scans, the extension scans, and the
-tuning and evaluation grids split into one sweep per cell (format × arm or lr, its seeds inside). Job dirs are named
-by their overrides, so the split changes no job's dir, config or result, and a study may switch N between runs.
+With ``--jobs N`` a stage runs N sweeps at once into its folder: the pilot, tuning and evaluation grids split into
+one sweep per cell (format × arm or lr, its seeds inside), and the lists on the arms' and extension scans' command
+lines into one sweep per value. Job dirs are named by their overrides, so the split changes no job's dir, config or
+result, and a study may switch N between runs.
 """
 
 from __future__ import annotations
@@ -164,6 +165,8 @@ class Study:
         the running ones end."""
         self.restore(stage)
         pending = [list(args) for args in sweeps]
+        if self.jobs > 1:  # the lists on a command line (an extension's lrs) as single sweeps, to share the CPUs
+            pending = [one for args in pending for one in split_lists(args)]
         running: list[subprocess.Popen] = []
         config_error = False
         try:
@@ -260,7 +263,7 @@ class Study:
 
     # -- stages ---------------------------------------------------------------------------------------------------
     def pilot(self) -> None:
-        self.train("pilot", [f"experiment={self.plan.pilot}"])
+        self.sweep_cells("pilot", self.plan.pilot)
         self.check_finished("pilot")
 
     def horizon(self) -> int:
@@ -415,6 +418,23 @@ def best_and_worst(records: Path) -> tuple[str, str]:
                          "--formats A,B")
     order = sorted(means, key=lambda f: (means[f], f))
     return order[0], order[-1]
+
+
+def split_lists(args: Sequence[str]) -> list[list[str]]:
+    """A sweep's command line as one command line per job of its command-line lists (``a=1,2 b=x,y`` → four, in
+    Hydra's launch order); values are spelt as Hydra spells them in job dirs (``3e-3`` → ``0.003``)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    choices: list[list[str]] = []
+    for arg in args:
+        override = parser.parse_override(arg) if "=" in arg and not arg.startswith("hydra.") else None
+        if override is not None and override.is_discrete_sweep():
+            key = arg.split("=", 1)[0]
+            choices.append([f"{key}={value}" for value in override.sweep_string_iterator()])
+        else:
+            choices.append([arg])
+    return [list(combination) for combination in itertools.product(*choices)]
 
 
 def _key(override: str) -> str:

@@ -241,3 +241,23 @@ def test_an_extension_job_a_stop_left_without_a_result_runs_again(tmp_path: Path
     st.tune_arms()  # no "job(s) without a result" stop: the extension line ran before the check
     assert ran[-1] == ["format=e4m3", "experiment=study_cpu_tune_arms", "optimizer=relative", "optimizer.lr=0.3,1",
                        "seed=101"]
+
+
+def test_a_command_lines_lists_become_one_sweep_per_job_in_hydras_order() -> None:
+    assert driver.split_lists(["experiment=e", "optimizer.lr=3e-3,1", "seed=101", "+tag=a,b"]) == [
+        ["experiment=e", "optimizer.lr=0.003", "seed=101", "+tag=a"],
+        ["experiment=e", "optimizer.lr=0.003", "seed=101", "+tag=b"],
+        ["experiment=e", "optimizer.lr=1", "seed=101", "+tag=a"],
+        ["experiment=e", "optimizer.lr=1", "seed=101", "+tag=b"]]  # 0.003: how Hydra names the job dir
+    assert driver.split_lists(["format=e4m3", "hydra.sweep.dir=/x,y"]) == [["format=e4m3", "hydra.sweep.dir=/x,y"]]
+
+
+def test_with_several_jobs_an_extension_scan_runs_one_sweep_per_lr(tmp_path: Path, monkeypatch) -> None:
+    st = make_study(tmp_path)
+    st.jobs = 2
+    launched = fake_sweeps(st, monkeypatch, "pass")
+    st.train_all("tune_arms", [["format=bf16_ref", "optimizer=manifold", "optimizer.lr=100,300", "seed=101"]])
+    assert [args for args, _, _ in launched] == [["format=bf16_ref", "optimizer=manifold", "optimizer.lr=100",
+                                                  "seed=101"],
+                                                 ["format=bf16_ref", "optimizer=manifold", "optimizer.lr=300",
+                                                  "seed=101"]]
