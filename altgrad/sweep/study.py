@@ -22,9 +22,9 @@ retry it), 2 a refusal or a configuration error, 3 the time budget ran out (the 
 go on); one line on stderr says which.
 
 With ``--jobs N`` a stage runs N sweeps at once into its folder: the pilot, tuning and evaluation grids split into
-one sweep per cell (format × arm or lr, its seeds inside), and the lists on the arms' and extension scans' command
-lines into one sweep per value. Job dirs are named by their overrides, so the split changes no job's dir, config or
-result, and a study may switch N between runs.
+one sweep per cell (format × arm or lr, its seeds inside), and when a stage has fewer sweeps than N (an extension
+round with one scan) the lists on their command lines split into one sweep per value. Job dirs are named by their
+overrides, so the split changes no job's dir, config or result, and a study may switch N between runs.
 """
 
 from __future__ import annotations
@@ -165,7 +165,9 @@ class Study:
         the running ones end."""
         self.restore(stage)
         pending = [list(args) for args in sweeps]
-        if self.jobs > 1:  # the lists on a command line (an extension's lrs) as single sweeps, to share the CPUs
+        if len(pending) < self.jobs:
+            # fewer sweeps than CPUs to share: their command-line lists (an extension's lrs) as single sweeps. Not
+            # always: each sweep is a process, and a resumed study's finished jobs then cost a start-up each.
             pending = [one for args in pending for one in split_lists(args)]
         running: list[subprocess.Popen] = []
         config_error = False

@@ -252,7 +252,7 @@ def test_a_command_lines_lists_become_one_sweep_per_job_in_hydras_order() -> Non
     assert driver.split_lists(["format=e4m3", "hydra.sweep.dir=/x,y"]) == [["format=e4m3", "hydra.sweep.dir=/x,y"]]
 
 
-def test_with_several_jobs_an_extension_scan_runs_one_sweep_per_lr(tmp_path: Path, monkeypatch) -> None:
+def test_a_lone_extension_scan_runs_one_sweep_per_lr_when_cpus_are_left(tmp_path: Path, monkeypatch) -> None:
     st = make_study(tmp_path)
     st.jobs = 2
     launched = fake_sweeps(st, monkeypatch, "pass")
@@ -261,3 +261,7 @@ def test_with_several_jobs_an_extension_scan_runs_one_sweep_per_lr(tmp_path: Pat
                                                   "seed=101"],
                                                  ["format=bf16_ref", "optimizer=manifold", "optimizer.lr=300",
                                                   "seed=101"]]
+    launched.clear()  # as many sweeps as jobs: each stays one process (a resumed study pays a start-up per sweep)
+    st.train_all("tune_arms", [["optimizer=manifold", "optimizer.lr=1,3"], ["optimizer=relative", "optimizer.lr=1,3"]])
+    assert [args for args, _, _ in launched] == [["optimizer=manifold", "optimizer.lr=1,3"],
+                                                 ["optimizer=relative", "optimizer.lr=1,3"]]
