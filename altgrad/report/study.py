@@ -199,7 +199,7 @@ def analyse(ep: Endpoint, jobs: Sequence[Job], same_grid: SameGrid | None = None
     classes = grid_classes(declared, same_grid)
     formats = tuple(classes)
     merged = {r: m for r, m in classes.items() if len(m) > 1}
-    missing = tuple(f for f in declared if f not in ran)
+    missing = tuple(r for r, m in classes.items() if not any(f in ran for f in m))  # a grid no declared format ran
     notes: list[str] = []
     # a merged class is analysed through its representative's runs, or the first member that ran
     source = {r: next((f for f in m if f in ran), r) for r, m in classes.items()}

@@ -160,6 +160,8 @@ def test_shared_grids_are_one_arm_and_missing_formats_stay_in_the_family() -> No
     lines = study_lines(result)
     assert "e0m7, e1m6 give the same grid under the runs' scaling: analysed as one arm (e0m7), not as separate " \
            "formats." in lines
+    only_e0m7 = run([j for j in jobs if j.format != "e1m6"], lambda a, b: frozenset((a, b)) in same)
+    assert only_e0m7.missing_formats == ("p3109_p2",)  # e1m6's grid ran, as e0m7: not "declared but not run"
     assert grid_classes(["e1m6", "e0m7", "e5m2"], None) == {"e0m7": ("e0m7",), "e1m6": ("e1m6",),
                                                              "e5m2": ("e5m2",)}
 
