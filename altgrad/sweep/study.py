@@ -362,19 +362,10 @@ class Study:
     def cells(self, experiment: str) -> list[list[str]]:
         """The cells of an experiment's grid, narrowed: one override list per combination of its swept keys but
         ``seed`` (the narrowing overrides of other keys kept), in the grid's order."""
-        from hydra.core.override_parser.overrides_parser import OverridesParser
-
         narrow = dict(a.split("=", 1) for a in self.narrow)
         params = {k: narrow.pop(k, v) for k, v in self.sweeper_params(experiment).items() if k != "seed"}
-        parser = OverridesParser.create()
-        values = []
-        for key, value in params.items():
-            override = parser.parse_override(f"{key}={value}")
-            values.append(list(override.sweep_string_iterator()) if override.is_sweep_override()
-                          else [override.get_value_element_as_str()])
         rest = [f"{k}={v}" for k, v in narrow.items()]
-        return [[*(f"{k}={v}" for k, v in zip(params, combination)), *rest]
-                for combination in itertools.product(*values)]
+        return [[*cell, *rest] for cell in split_lists([f"{k}={v}" for k, v in params.items()])]
 
     def sweeper_params(self, experiment: str) -> dict[str, str]:
         """An experiment's grid (hydra.sweeper.params) as composed from the configuration."""
