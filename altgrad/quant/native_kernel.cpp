@@ -15,6 +15,8 @@
 #include <cstdint>
 #include <cstring>
 #include <utility>
+
+#include "kernel_abi.h"
 #if defined(_OPENMP)
 #include <omp.h>
 #endif
@@ -25,16 +27,8 @@
 
 namespace {
 
-// Parameter slots: the order of rounding.py's _P_* constants.
-enum { P_SHIFT, P_LOW, P_HALF, P_LSB, P_FLIP, P_MAX, P_OVF, P_OVF_INF, P_MAGIC, P_EMIN_BITS, P_Y1, P_Y2,
-       P_EMAX_BITS, P_CSHIFT, P_COUNT };
-enum { NEAREST = 0, STOCHASTIC = 1, TOWARD_ZERO = 2 };  // rounding.py's ROUNDINGS order
-// Variant flags (rounding.Variant), one bit each.
-enum { BIT_ROUND = 1, TIE_FLIP = 2, ZERO_SIGN = 4, SATURATES = 8, WIDE_QUANTUM = 16 };
-// Scale kinds of one call (native.py's KINDS).
-enum { KIND_NONE = 0, KIND_TENSOR = 1, KIND_DELAYED = 2, KIND_GIVEN = 3 };
-// Statistics slots (stats.py's STAT_NAMES).
-enum { S_SATURATED, S_ZERO, S_SUBNORMAL, S_NONFINITE, S_AMAX, S_SCALE };
+// The enums (parameter slots P_*, rounding modes, variant flag bits, scale kinds KIND_*, statistics slots S_*) are
+// generated from altgrad/quant/kernel_abi.py, the table the Python side uses too: kernel_abi.h (native.py writes it).
 
 constexpr int32_t kAbs = 0x7FFFFFFF, kInf = 0x7F800000, kNan = 0x7FC00000, kExp = 0x7F800000;
 constexpr uint32_t kPhi = 0x9E3779B1u;  // rounding.random_bits: counter i → fmix32(i·φ + key)
@@ -409,6 +403,9 @@ float scale_from(float amax, float prev, float max, float margin, bool pow2) {
 
 extern "C" {
 
+// The enum table this library was built with (kernel_abi.describe()): native.py checks it at load.
+const char* altgrad_abi() { return kAbi; }
+
 // Lanes of the vector road: 8 with AVX2, 1 where the build has only the scalar road.
 int altgrad_lanes() {
 #ifdef ALTGRAD_AVX2
@@ -464,9 +461,9 @@ int altgrad_quant_call(const float* x, float* y, int64_t n, const int32_t* p, in
   }
   if (stats != nullptr) {  // fractions as float64 count / n rounded to float32 (stats.py)
     const double d = static_cast<double>(n > 0 ? n : 1);
-    stats[S_SATURATED] = static_cast<float>(static_cast<double>(c.saturated) / d);
-    stats[S_ZERO] = static_cast<float>(static_cast<double>(c.zero) / d);
-    stats[S_SUBNORMAL] = static_cast<float>(static_cast<double>(c.subnormal) / d);
+    stats[S_FRAC_SATURATED] = static_cast<float>(static_cast<double>(c.saturated) / d);
+    stats[S_FRAC_ZERO] = static_cast<float>(static_cast<double>(c.zero) / d);
+    stats[S_FRAC_SUBNORMAL] = static_cast<float>(static_cast<double>(c.subnormal) / d);
     stats[S_NONFINITE] = static_cast<float>(c.nonfinite);
     stats[S_AMAX] = amax;
     stats[S_SCALE] = s;
