@@ -198,6 +198,40 @@ def quant_call(k: NativeKernel, x: torch.Tensor, params: torch.Tensor, rounding:
     return y
 
 
+class CallPlan:
+    """One quantizer's native call with every argument but the input resolved once: the pointers of its format's
+    cached kernel parameters and scale constants and of its own buffers (scaler state, statistics), the codes of its
+    rounding mode, variant and scale kind. ``__call__(x, seed, update)`` is then ``quant_call`` without the per-call
+    look-ups (the same library call, the same bits). ``holds`` is what it points into: the plan is valid while the
+    quantizer still has exactly these tensors (``Quantizer.native_plan`` checks their identity)."""
+
+    __slots__ = ("fn", "head", "tail", "stats", "holds")
+
+    def __init__(self, k: NativeKernel, params: torch.Tensor, rounding: str, variant_flags: int, kind: str,
+                 pow2: bool, consts: torch.Tensor, scale: torch.Tensor | None, history: torch.Tensor | None,
+                 reduce_max: bool, stats: torch.Tensor | None, holds: tuple) -> None:
+        self.fn = k.call
+        self.head = (params.data_ptr(), ROUNDING_CODES[rounding], variant_flags)
+        hist_len = 0 if history is None else history.numel()
+        self.tail = (KINDS[kind], int(pow2), consts.data_ptr(), _ptr(scale), _ptr(history), hist_len,
+                     int(reduce_max))
+        self.stats = _ptr(stats)
+        self.holds = (params, consts, *holds)  # kept alive: the pointers above stay valid
+
+    def __call__(self, x: torch.Tensor, seed: torch.Tensor | int | None, update: bool) -> torch.Tensor | None:
+        xc = x.detach().contiguous()
+        try:
+            xp = xc.data_ptr()
+        except RuntimeError:  # no storage of its own (vmap / grad transforms)
+            return None
+        y = torch.empty(x.shape, dtype=torch.float32)
+        rc = self.fn(xp, y.data_ptr(), xc.numel(), *self.head, 0 if seed is None else int(seed), *self.tail,
+                     int(update), self.stats, torch.get_num_threads(), None)
+        if rc != 0:
+            raise RuntimeError(f"altgrad.quant: the native kernel refused the call (code {rc})")
+        return y
+
+
 def variant_flags(variant: object) -> int:
     """A rounding.Variant's optional steps as native_kernel.cpp's flag bits."""
     return sum(bit for name, bit in VARIANT_FLAGS.items() if getattr(variant, name))

@@ -1,6 +1,10 @@
-"""The compiled kernels (what quantize runs by default) equal the eager ones bit for bit."""
+"""The compiled kernels (the road of quant.kernel=compiled, and of auto wherever the native kernel does not serve)
+equal the eager ones bit for bit. Each test checks that the compiled side really compiled (the native kernel
+answers CPU float32 calls first under auto, so these ask for kernel="compiled")."""
 
 from __future__ import annotations
+
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -9,16 +13,34 @@ from quant_testlib import assert_same_bits, inputs_for
 
 from altgrad.quant import (GradQuantizer, QuantSpec, ScalingSpec, TensorQuantizer, get_format, quant_stats,
                            quantize_scaled)
+from altgrad.quant.compiled import compiling
+from altgrad.quant.rounding import compiled_kernel, kernel_variant
 
 
 @pytest.fixture(autouse=True)
-def _compile(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("ALTGRAD_COMPILE", "1")
+def _compile() -> Iterator[None]:
+    with compiling(True):
+        yield
 
 
-def both(x: torch.Tensor, fmt, rounding: str, overflow: str, scale=None) -> tuple[torch.Tensor, torch.Tensor]:
-    kw = dict(rounding=rounding, overflow=overflow, seed=99)
-    return (quantize_scaled(x, fmt, scale, compiled=True, **kw), quantize_scaled(x, fmt, scale, compiled=False, **kw))
+def both(x: torch.Tensor, fmt, rounding: str, overflow: str, scale=None, pow2: bool = False
+         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the compiled road's result, the eager one's); fails unless the compiled kernel really compiled and ran."""
+    kw = dict(rounding=rounding, overflow=overflow, seed=99, scale_pow2=pow2)
+    kernel = compiled_kernel(kernel_variant(fmt, rounding, overflow), None if scale is None else
+                             "pow2" if pow2 else "any")
+    calls = []
+    compiled = quantize_scaled(x, fmt, scale, kernel="compiled", **kw)
+    assert x.device.type in kernel._compiled and not kernel._failed, f"{fmt} {rounding}: the kernel did not compile"
+    real = kernel._compiled[x.device.type]
+    kernel._compiled[x.device.type] = lambda *a: calls.append(1) or real(*a)
+    try:
+        again = quantize_scaled(x, fmt, scale, kernel="compiled", **kw)
+    finally:
+        kernel._compiled[x.device.type] = real
+    assert calls == [1], "the compiled kernel was not the one that ran"
+    assert_same_bits(again.float().reshape(-1), compiled.float().reshape(-1).numpy(), what="compiled, twice")
+    return compiled, quantize_scaled(x, fmt, scale, kernel="eager", **kw)
 
 
 @pytest.mark.parametrize("rounding", ["nearest", "stochastic",
