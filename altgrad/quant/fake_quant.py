@@ -329,7 +329,9 @@ class TensorQuantizer(Quantizer):
             return x
         spec = self.spec
         if not torch.compiler.is_compiling():
-            return _Straight.apply(x, self.quantize_now(x, _seed_for(spec, x), update=self.training))
+            y = self.quantize_now(x, _seed_for(spec, x), update=self.training)
+            # the straight-through node only where autograd records one (a weight or activation in training)
+            return _Straight.apply(x, y) if x.requires_grad and torch.is_grad_enabled() else y
         y, stats, new = _traced_quantize(x, spec, self.scaler, _seed_for(spec, x), self.track_stats)
         if self.training:
             self.scaler.load_state_(new)

@@ -22,7 +22,7 @@
 #endif
 #if defined(__AVX2__)
 #include <immintrin.h>
-#define ALTGRAD_AVX2 1
+#define KERNEL_AVX2 1
 #endif
 
 namespace {
@@ -90,7 +90,7 @@ inline int32_t round1(int32_t bits, uint32_t r, const int32_t* p) {
   return a0 > kInf ? kNan : out;
 }
 
-#ifdef ALTGRAD_AVX2
+#ifdef KERNEL_AVX2
 struct Vec {
   __m256i shift, low, not_low, half, lsb, flip, max, ovf, ovf_inf, magic, emin, emin_less1, emax, cshift;
   __m256 y1, y2, q;  // q: the quantum below the smallest normal (0 where it is not a normal float32)
@@ -231,7 +231,7 @@ inline void one(const Pass& w, int64_t i, Counts& c) {
 template <int kRounding, int kFlags>
 void span(const Pass& w, int64_t begin, int64_t end, Counts& c) {
   int64_t i = begin;
-#ifdef ALTGRAD_AVX2
+#ifdef KERNEL_AVX2
   const Vec p = vec_params(w.p);
   const bool q_road = !(kFlags & WIDE_QUANTUM) && as_i(p.q[0]) != 0;
   __m256 s = _mm256_set1_ps(w.s), inv = _mm256_set1_ps(w.inv_s);
@@ -368,7 +368,7 @@ int32_t amax_bits(const int32_t* x, int64_t n, int threads) {
     const int64_t end = (k + 1) * kChunk < n ? (k + 1) * kChunk : n;
     int64_t i = k * kChunk;
     int32_t m = 0;
-#ifdef ALTGRAD_AVX2
+#ifdef KERNEL_AVX2
     __m256i v = _mm256_setzero_si256();
     for (; i + 8 <= end; i += 8) {
       const __m256i a = _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i)), splat(kAbs));
@@ -408,7 +408,7 @@ const char* altgrad_abi() { return kAbi; }
 
 // Lanes of the vector road: 8 with AVX2, 1 where the build has only the scalar road.
 int altgrad_lanes() {
-#ifdef ALTGRAD_AVX2
+#ifdef KERNEL_AVX2
   return 8;
 #else
   return 1;
