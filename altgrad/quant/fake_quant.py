@@ -213,8 +213,8 @@ class Quantizer(_StatsMarker, nn.Module):
         self.use_kernel("auto" if kernel is None else kernel)
 
     def use_kernel(self, kernel: str, device: torch.device | str | None = None) -> str:
-        """Resolve ``kernel`` (compiled.KERNELS) for this quantizer's spec on ``device`` (None: the CPU) into ``road``; returns
-        it. Raises ValueError (one line) where ``native`` cannot serve."""
+        """Resolve ``kernel`` (compiled.KERNELS) for this quantizer's spec on ``device`` (None: the CPU) into ``road``;
+        returns it. Raises ValueError (one line) where ``native`` cannot serve."""
         self.kernel = kernel
         self.device_type = "cpu" if device is None else torch.device(device).type
         self.road_for: tuple[QuantSpec, str] = (self.spec, choose_road(self.spec, kernel, self.device_type))

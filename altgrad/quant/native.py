@@ -4,10 +4,11 @@ A whole call (amax → scale → quantize(x·s)/s → statistics, new scaler sta
 contiguous float32 CPU tensor, bit for bit what the torch kernel computes (tests/quant/test_native.py), with no
 dynamo trace or guard check per process or per call. The shared library is compiled by ``$CXX`` (default ``c++``)
 with the flags below, through a subprocess, and loaded with ctypes; it is cached on disk under
-``${XDG_CACHE_HOME:-~/.cache}/altgrad/native/`` keyed by the source, the enum table (kernel_abi.py, written beside it as kernel_abi.h),
-compiler, flags and machine, so a later process only loads it. Whether a quantizer takes this road is the run's
-``quant.kernel`` (``auto``: here where it serves; see fake_quant.choose_road). Where the build fails, ``kernel()``
-warns once and returns None (``auto`` then takes the compiled road); ``require()`` raises with the reason.
+``${XDG_CACHE_HOME:-~/.cache}/altgrad/native/`` keyed by the source, the enum table (kernel_abi.py, written beside
+it as kernel_abi.h), compiler, flags and machine, so a later process only loads it. Whether a quantizer takes this
+road is the run's ``quant.kernel`` (``auto``: here where it serves; see fake_quant.choose_road). Where the build
+fails, ``kernel()`` warns once and returns None (``auto`` then takes the compiled road); ``require()`` raises with
+the reason.
 """
 
 from __future__ import annotations
@@ -62,8 +63,8 @@ def cache_dir() -> Path:
 def _library_path(compiler_path: str) -> Path:
     """The cache file of this source built by this compiler binary (path, size, mtime) with FLAGS on this machine."""
     st = os.stat(compiler_path)
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), kernel_abi.header(), compiler_path, str(st.st_size), str(st.st_mtime_ns),
-                                    " ".join(FLAGS), _machine()]).encode()).hexdigest()[:24]
+    key = hashlib.sha256("\0".join([SOURCE.read_text(), kernel_abi.header(), compiler_path, str(st.st_size),
+                                    str(st.st_mtime_ns), " ".join(FLAGS), _machine()]).encode()).hexdigest()[:24]
     return cache_dir() / f"quant-{key}.so"
 
 

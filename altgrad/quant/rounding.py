@@ -368,8 +368,9 @@ def quantize_scaled(x: torch.Tensor, fmt: FloatFormat, scale: torch.Tensor | Non
     """quantize(x·scale)/scale in one fused pass (``scale`` float32, broadcastable to x; None = 1).
 
     ``kernel`` (compiled.KERNELS) picks the road; without it ``auto``, where ``compiled=False`` makes the torch
-    road eager and ``None`` leaves it to compiled.compiling. ``scale_pow2=True`` promises every scale is a power of two in [2^-126, 2^126] (what pow2 and block scalers
-    give): the unscaling is then one exact multiply instead of a float64 division (see ``unscale``).
+    road eager and ``None`` leaves it to compiled.compiling. ``scale_pow2=True`` promises every scale is a power of
+    two in [2^-126, 2^126] (what pow2 and block scalers give): the unscaling is then one exact multiply instead of a
+    float64 division (see ``unscale``).
     """
     return _run(x, fmt, rounding, overflow, scale, generator, seed, compiled=compiled, scale_pow2=scale_pow2,
                 kernel=kernel)
