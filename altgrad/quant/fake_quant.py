@@ -353,8 +353,19 @@ class TensorQuantizer(Quantizer):
         """
         spec = self.spec
         rounding = rounding or spec.rounding
-        scale = self._scale(w, update=False)
         seed = draw_seed(w.device, seed=seed) if rounding == "stochastic" else None
+        if self.road == "native" and native.takes(w) and self._buffers_native():
+            # one kernel call: the scale the next forward uses (scaler state read, not updated) and the rounding
+            sc, state, fmt, cpu = spec.scaling, self.scaler.state(), spec.format, torch.device("cpu")
+            y = native.quant_call(
+                native.require() if self.kernel == "native" else native.kernel(), w,
+                kernel_params(fmt, rounding, spec.overflow, cpu), rounding,
+                native.variant_flags(kernel_variant(fmt, rounding, spec.overflow)), seed, sc.kind, sc.pow2,
+                scale_consts(fmt, sc.margin, cpu), scale=state[-1] if state else None,
+                history=state[0] if sc.kind == "delayed" else None, reduce_max=sc.reduce == "max", update=False)
+            if y is not None:
+                return w.copy_(y)
+        scale = self._scale(w, update=False)
         w.copy_(quantize_scaled(w, spec.format, scale, rounding, spec.overflow, seed=seed,
                                 scale_pow2=spec.scaling.powers_of_two, kernel=self.call_kernel))
         return w

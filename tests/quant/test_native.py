@@ -290,3 +290,20 @@ def test_a_quantizer_resolves_its_call_once_and_again_when_its_buffers_change() 
     for t in (x * 3, x / 5):
         assert_same_bits(q(t).detach(), ref(t).detach().numpy(), what="after a switch")
     assert all(torch.equal(a, b) for a, b in zip(q.buffers(), ref.buffers()))
+
+
+@needs_native
+@pytest.mark.parametrize(("kind", "pow2", "rounding"), [("tensor", True, "nearest"), ("tensor", False, "stochastic"),
+                                                        ("delayed", True, "stochastic"), ("none", True, "nearest")])
+def test_storage_rounding_in_one_native_call_equals_the_eager_road(kind: str, pow2: bool, rounding: str) -> None:
+    """project_ (quant.master=none) on the native road: the forward's scale, not updated, and the rounding in one call."""
+    fmt = get_format("e5m2")
+    spec = QuantSpec(fmt, scaling=ScalingSpec(kind=kind, pow2=pow2, history=3, margin=1))
+    native_q, eager_q = TensorQuantizer(spec), TensorQuantizer(spec, kernel="eager")
+    for step in range(3):
+        x = torch.from_numpy(random_inputs(2000, -14, 14, 20 + step)).reshape(20, 100)
+        native_q(x), eager_q(x)  # a forward: the scaler state the projection reads
+        w = torch.from_numpy(random_inputs(2000, -10, 10, 40 + step)).reshape(40, 50)
+        a, b = native_q.project_(w.clone(), rounding, seed=step), eager_q.project_(w.clone(), rounding, seed=step)
+        assert_same_bits(a.reshape(-1), b.reshape(-1).numpy(), what=f"{kind} pow2={pow2} {rounding} step {step}")
+        assert all(torch.equal(p, q) for p, q in zip(native_q.buffers(), eager_q.buffers()))
