@@ -266,6 +266,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         if run.trainer.keep_freed_memory:
             keep_freed_memory()
         datamodule = hydra.utils.instantiate(cfg.data, _convert_="all")
+        summary["data_files"] = datamodule.data_files  # sha256 of each data file (None: generated or hub data)
         check_step_memory(run, datamodule.vocab_size)
         module = build_module(run, datamodule.vocab_size)
         callbacks = build_callbacks(run, run_dir, resume=plan)
