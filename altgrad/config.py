@@ -356,6 +356,7 @@ SCALARS: dict[str, tuple[type, ...]] = {
     "ckpt_path": (str, type(None)),
     "run_name": (str,),
     "experiment_name": (str, type(None)),
+    "arm": (str, type(None)),  # +arm=NAME: a study arm (conf/arm/NAME.yaml), the label reports compare it by
     "resume_sweep": (bool, type(None)),  # +resume_sweep=true: skip the jobs of a rerun sweep that finished before
     # +resume_with_new_config=true: resume ckpt_path under another configuration on purpose (altgrad/resume_check.py)
     "resume_with_new_config": (bool, type(None)),

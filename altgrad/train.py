@@ -171,6 +171,7 @@ def base_summary(run: RunConfig) -> dict[str, Any]:
         "master": run.quant.master,
         "storage_rounding": run.quant.storage_rounding,
         "experiment": run.experiment_name,
+        "arm": OmegaConf.select(run.composed, "arm"),  # a study arm's name (conf/arm/), else None
         "run_name": run.run_name,
         "diverged_at_step": None,
         "divergence_cause": None,
