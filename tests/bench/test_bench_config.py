@@ -291,3 +291,25 @@ def test_param_groups_list_tied_weights_once() -> None:
     groups, _ = weight_decay_groups(model, 0.1)
     flat = [p for g in groups for p in g["params"]]
     assert len(flat) == len({id(p) for p in flat}) == len(list(model.parameters()))
+
+
+def test_records_from_before_the_kernel_keys_resume_and_skip_as_before(tmp_path: Path) -> None:
+    """Runs recorded before quant.kernel / optimizer.kernel existed are the same configuration as today's defaults
+    (resume_sweep skips them, a checkpoint resumes); quant.kernel never counts (every road gives the same bits),
+    optimizer.kernel does (the eager step differs from the compiled one in float32 rounding)."""
+    import copy
+
+    from altgrad.resume_check import config_differences as state_differences
+    from altgrad.sweep.resume import config_differences as identity_differences
+
+    current = OmegaConf.to_container(compose_cfg(tmp_path, "optimizer=manifold"), resolve=True)
+    old = copy.deepcopy(current)
+    del old["quant"]["kernel"], old["optimizer"]["kernel"]
+    assert identity_differences(old, current) == [] and state_differences(old, current) == []
+    other_road = copy.deepcopy(current)
+    other_road["quant"]["kernel"] = "eager"
+    assert identity_differences(other_road, current) == [] and state_differences(other_road, current) == []
+    eager_step = copy.deepcopy(current)
+    eager_step["optimizer"]["kernel"] = "eager"
+    assert identity_differences(eager_step, current) == ["optimizer.kernel: 'eager' → 'compiled'"]
+    assert state_differences(eager_step, current) == ["optimizer.kernel: 'eager' → 'compiled'"]
