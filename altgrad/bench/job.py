@@ -4,7 +4,7 @@ small-step recipe.
 
     python -m altgrad.bench job [--rounds 3] [--steps 300] [--small-steps 1000] [--threads default,1]
                                 [--recipes default,small] [--only NAME,...] [--set KEY=VALUE ...]
-                                [--markdown PATH] [--keep DIR] [--no-calls]
+                                [--markdown PATH] [--keep DIR] [--no-calls] [--note TEXT]
 
 ``python -m altgrad.bench job --markdown docs/benchmarks/job.md`` regenerates the whole page.
 
@@ -329,7 +329,7 @@ def calls_table() -> str:
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     if proc.returncode != 0:
         return f"(the micro-bench failed: {(proc.stderr or proc.stdout).strip().splitlines()[-1:]})"
-    return proc.stdout.strip()
+    return "\n".join(line for line in proc.stdout.strip().splitlines() if line.startswith("|") or not line.strip())
 
 
 PAGE_INTRO = """# job: whole training jobs, as users run them
@@ -343,12 +343,12 @@ parts. This page is written by one command (every number below comes from it; �
 ```
 
 Every configuration is one `python -m altgrad.train` subprocess (default diagnostics, W&B offline, checkpoints, the
-200-token sample at the end), in four settings: the default job (`make train`: {steps} steps of 16 × 128 tokens) and
-the small-step recipe (block 64, batch 12 = 768 tokens a step, lr 1e-3, warm-up 100, cosine to 1e-4, {small_steps}
-steps on the embedded corpus: issue 31's char-level CPU recipe), each with torch's default thread count
-(`OMP_NUM_THREADS` unset, what `make train` gets) and with one thread. One round runs every configuration of every
-setting once, in an order rotated every round; the tables give medians over {rounds} round(s), the spread of the wall
-times, and two ratios to the fp32 job of the same setting: whole-process wall (median of per-round ratios) and
+200-token sample at the end), in {n_settings} setting(s): {settings}. The recipes: the default job (`make train`,
+16 × 128 tokens a step) and the small-step recipe (block 64, batch 12 = 768 tokens a step, lr 1e-3, warm-up 100,
+cosine to 1e-4, on the embedded corpus: issue 31's char-level CPU recipe); default threads: `OMP_NUM_THREADS` unset,
+what `make train` gets. One round runs every configuration of every setting once, in an order rotated every round;
+the tables give medians over {rounds} round(s), the spread of the wall times,
+and two ratios to the fp32 job of the same setting: whole-process wall (median of per-round ratios) and
 steady tokens/s (the fp32 job's over this one's, so both are slowdowns). The run records where its time goes
 (`summary.json["timing"]`, `altgrad.module.JobClock`). The `plain PyTorch loop` row is
 `altgrad/bench/_reference_loop.py`: the same GPT, data windows, batch, AdamW groups, schedule, clip and validation
@@ -362,8 +362,10 @@ the gaps this page shows: [job_profile](job_profile.md).
 def page(results: dict[Setting, Results], jobs: list[Job], args: argparse.Namespace, command: str, minutes: float,
          loads: tuple[str, str], calls: str | None) -> str:
     """The whole of docs/benchmarks/job.md."""
-    parts = [PAGE_INTRO.format(minutes=f"{minutes:.0f}", command=command, steps=args.steps,
-                               small_steps=args.small_steps, rounds=args.rounds),
+    settings = "; ".join(f"{s.label} ({s.steps} steps)" for s in results)
+    parts = [PAGE_INTRO.format(minutes=f"{minutes:.0f}", command=command, n_settings=len(results), settings=settings,
+                               rounds=args.rounds),
+             *([f"**{args.note}**", ""] if args.note else []),
              f"Machine: {machine()}. Run {time.strftime('%Y-%m-%d')}; load average (1/5/15 min) {loads[0]} before, "
              f"{loads[1]} after (the bench's own job keeps one core or more busy).", "",
              "## Targets", "", targets_table(results, jobs, markdown=True), ""]
@@ -410,6 +412,8 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--markdown", type=Path, default=None, help="write the whole page (docs/benchmarks/job.md)")
     parser.add_argument("--keep", type=Path, default=None, help="keep the jobs' run dirs under this folder")
     parser.add_argument("--no-calls", action="store_true", help="leave the per-call micro-bench off the page")
+    parser.add_argument("--note", default=None, help="a line printed in bold under the page's introduction (e.g. "
+                                                      "how loaded the machine was)")
     args = parser.parse_args(argv)
     if args.rounds < 1 or args.steps < 2 or args.small_steps < 2:
         raise SystemExit("error: --rounds must be >= 1 and --steps, --small-steps >= 2 (steady throughput needs "

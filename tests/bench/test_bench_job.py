@@ -100,7 +100,8 @@ def test_bench_runs_whole_jobs_in_every_setting_and_writes_the_page(tmp_path: Pa
                                                                      offline_env: dict[str, str]) -> None:
     md, keep = tmp_path / "job.md", tmp_path / "runs"
     proc = bench("--rounds", "1", "--steps", "4", "--small-steps", "4", "--recipes", "small",
-                 "--only", "plain PyTorch loop", "--markdown", str(md), "--keep", str(keep), "--no-calls", *TINY_SET,
+                 "--only", "plain PyTorch loop", "--markdown", str(md), "--keep", str(keep), "--no-calls",
+                 "--note", "a tiny run", *TINY_SET,
                  env=offline_env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     for label in ("small recipe, default threads", "small recipe, 1 thread"):
@@ -110,6 +111,8 @@ def test_bench_runs_whole_jobs_in_every_setting_and_writes_the_page(tmp_path: Pa
         assert " 1.000 " in rows["fp32"] and "× plain loop tok/s" in rows["fp32"]
     text = md.read_text()
     assert text.startswith("# job: whole training jobs") and "python -m altgrad.bench job --rounds 1" in text
+    assert "in 2 setting(s): small recipe, default threads (4 steps); small recipe, 1 thread (4 steps)." in text
+    assert "**a tiny run**" in text
     assert "## small recipe, 1 thread (4 steps)" in text and "| target (issue 31) |" in text
     assert "| plain PyTorch loop |" in text and "| configuration | start-up s |" in text
     # the run recorded its own phases, in order, counted from its process start
