@@ -140,7 +140,7 @@ def test_parameters_without_a_grid_are_stepped_like_torch_adamw():
     quantized, plain = torch.nn.Parameter(torch.randn(4, 4)), torch.nn.Parameter(torch.randn(4))
     twin = torch.nn.Parameter(plain.detach().clone())
     opt = ManifoldAdamW([{"params": [quantized, plain], "weight_decay": 0.1}], plain_lr=3e-3,
-                        grids={quantized: quantizer("e4m3", "tensor")})
+                        plain_betas=(0.9, 0.99), plain_eps=1e-8, grids={quantized: quantizer("e4m3", "tensor")})
     ref = torch.optim.AdamW([twin], lr=3e-3, betas=(0.9, 0.99), eps=1e-8, weight_decay=0.1, foreach=True)
     assert [g["plain"] for g in opt.param_groups] == [False, True]
     assert opt.plain_params() == [plain]
