@@ -195,3 +195,4 @@ def test_the_control_trains_through_the_entry_point_on_the_wide_reference(tmp_pa
     groups = summary["optimizer_groups"]  # rule: the block's 4 matmul weights and wte (tied to the quantized head)
     assert groups["plain_lr"] == 2e-3 and groups["rule_tensors"] == 5
     assert summary["config"]["format"]["name"] == "bf16" and summary["config"]["format"]["grad"] is None
+    assert summary["format"] == "bf16_ref" and summary["run_name"].split("-")[1] == "bf16_ref"  # not format=bf16's
