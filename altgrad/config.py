@@ -2,8 +2,9 @@
 
 Hydra composes plain YAML; `validate(cfg)` merges each section into its dataclass schema (types, unknown keys),
 builds the dataclass (ranges and choices in `__post_init__`) and returns them as one `RunConfig`, what `train()`
-reads. The schemas hold types and checks only: every default is stated once, in `conf/` (a key the YAML leaves out
-is `???`, required), except the keys only some options of a group use, which are null when absent.
+reads. The schemas hold types and checks, not a second set of defaults: a key every option of a group states is
+`???` here (required); only keys some options leave out (the data sources' own keys, optimizer.label) have a value
+here, the one that applies when they are absent.
 Any problem becomes one `ConfigError` line, e.g. ``trainer.max_steps='abc' is invalid: expected an integer``.
 Sections other workers extend (format, layer_map, optimizer, quant) check the keys they rely on and accept extra
 ones; what is built from them by `_target_` is built from the composed config (`RunConfig.composed`).
@@ -85,9 +86,10 @@ class ModelSchema:
 class DataSchema:
     """`data=` group: where text comes from, how it is tokenized and cached, and how batches are drawn.
 
-    The keys after num_workers belong to some sources only (embedded: corpus_*; hub: hub_path, config_name, split,
-    text_field; local: path, text_field): null where an option leaves them out, and the data module's own default
-    applies."""
+    Every option states the keys up to num_workers. The keys after it belong to some sources only (val_fraction:
+    all but folder; embedded: corpus_*; hub: hub_path, config_name, split, text_field; local: path, text_field;
+    folder: dir, train_file, val_file, checksums): an option leaves out those it does not use, and the values here
+    are altgrad.data.TextDataModule's defaults, which it then runs with, so the checks see what the run uses."""
 
     _target_: str = MISSING
     name: str = MISSING
@@ -96,35 +98,41 @@ class DataSchema:
     block_size: int = MISSING
     batch_size: int = MISSING
     seed: int = MISSING
-    val_fraction: float = MISSING
     val_batches: int = MISSING
     cache_dir: str = MISSING
     num_workers: int = MISSING
-    corpus_seed: Optional[int] = None
-    corpus_chars: Optional[int] = None
+    val_fraction: float = 0.05
+    corpus_seed: int = 0
+    corpus_chars: int = 5_000_000
     hub_path: Optional[str] = None
     config_name: Optional[str] = None
-    split: Optional[str] = None
-    text_field: Optional[str] = None
+    split: str = "train"
+    text_field: str = "text"
     path: Optional[str] = None
+    dir: Optional[str] = None
+    train_file: str = "train.txt"
+    val_file: str = "val.txt"
+    checksums: Optional[str] = "SHA256SUMS"
 
     def __post_init__(self) -> None:
+        from altgrad.data.folder import resolve_split_files
         from altgrad.data.sources import DATA_SOURCES, resolve_local_files
 
         _choice("data.source", self.source, DATA_SOURCES)
         _choice("data.tokenizer", self.tokenizer, valid_tokenizers())
         for key in ("block_size", "batch_size", "val_batches", "corpus_chars"):
-            value = getattr(self, key)
-            _check(value is None or value >= 1, f"data.{key}", value, "an integer >= 1")
+            _check(getattr(self, key) >= 1, f"data.{key}", getattr(self, key), "an integer >= 1")
         _check(self.num_workers >= 0, "data.num_workers", self.num_workers, "an integer >= 0")
         for key in ("seed", "corpus_seed"):
-            value = getattr(self, key)
-            _check(value is None or 0 <= value <= 2**32 - 1, f"data.{key}", value, "an integer in [0, 4294967295]")
+            _check(0 <= getattr(self, key) <= 2**32 - 1, f"data.{key}", getattr(self, key),
+                   "an integer in [0, 4294967295]")
         _check(0.0 < self.val_fraction < 1.0, "data.val_fraction", self.val_fraction, "a float in (0, 1)")
         if self.source == "hub":
             _check(bool(self.hub_path), "data.hub_path", self.hub_path, "a Hugging Face dataset path or folder")
         if self.source == "local":
             resolve_local_files(self.path)  # raises ConfigError naming data.path when nothing matches
+        if self.source == "folder":
+            resolve_split_files(self.dir, self.train_file, self.val_file, self.checksums)  # names the missing part
 
 
 ACCELERATORS = ("cpu", "gpu", "cuda", "mps", "auto")
@@ -374,6 +382,7 @@ SCALARS: dict[str, tuple[type, ...]] = {
     "ckpt_path": (str, type(None)),
     "run_name": (str,),
     "experiment_name": (str, type(None)),
+    "arm": (str, type(None)),  # +arm=NAME: a study arm (conf/arm/NAME.yaml), the label reports compare it by
     "resume_sweep": (bool, type(None)),  # +resume_sweep=true: skip the jobs of a rerun sweep that finished before
     # +resume_with_new_config=true: resume ckpt_path under another configuration on purpose (altgrad/resume_check.py)
     "resume_with_new_config": (bool, type(None)),

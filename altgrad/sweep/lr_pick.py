@@ -10,14 +10,16 @@ refused (nothing is written, exit 2) when
   seeds, into the same sweep folder, resumable), or
 - fewer lrs were scanned than ``--min-lrs``, or the cell's lrs ran on different seeds, or
 - a tuning run's seed is also an evaluation seed (``--eval-seeds``), or
-- an arm's tuning runs stepped their grid-less parameters at another lr than AdamW's pick in that format (the
-  plain groups must step as the baseline does: tune adamw first, then the other arms with
-  ``baseline.lr=${tuned_lr.${format.label}.plain}``), or AdamW has no pick in that format yet.
+- an arm's tuning runs stepped their grid-less parameters at another lr than the plain arm's pick in that format
+  (the plain groups must step as the baseline does: tune the plain arm, AdamW by default, first, then the other
+  arms with ``baseline.lr=${tuned_lr.${format.label}.plain}``), or the plain arm has no pick in that format yet.
 
-``--table FILE`` merges the picks into a tuned-lr table (altgrad.sweep.lr_table: AdamW's pick also becomes the
-format's ``plain`` lr); without it the picks are printed only.
+A job's arm is its study arm (``arm``, conf/arm/) where it has one, else its optimizer (NAME-ongrid_ROUNDING with
+weights stored on the grid). ``--table FILE`` merges the picks into a tuned-lr table (altgrad.sweep.lr_table: the
+plain arm's pick, ``--plain-arm``, also becomes the format's ``plain`` lr); without it the picks are printed only.
 
     python -m altgrad.sweep.lr_pick SWEEP_DIR... [--table FILE] [--eval-seeds 1,2,3] [--min-lrs N] [--extend FILE]
+        [--plain-arm ARM]
 """
 
 from __future__ import annotations
@@ -69,7 +71,10 @@ class LrPick:
 
 
 def arm_key(job: Job) -> str:
-    """The table key of a job's arm: optimizer.name for fp32 master weights, NAME-ongrid_ROUNDING on the grid."""
+    """The table key of a job's arm: its study arm (``arm``, conf/arm/) where it has one; else optimizer.name for
+    fp32 master weights, NAME-ongrid_ROUNDING on the grid."""
+    if job.get("arm"):
+        return str(job.get("arm"))
     if job.master == "none":
         rounding = job.summary.get("storage_rounding") or "nearest"
         return f"{job.optimizer}-ongrid_{rounding}"
@@ -157,28 +162,32 @@ def pick_per_format(jobs: Iterable[Job], *, eval_seeds: Iterable[int] = (), min_
 
 
 # -- the tuned-lr table ---------------------------------------------------------------------------------------------
-def table_updates(picks: dict[tuple[str, str], LrPick], table: Table, sweeps: Sequence[str]) -> tuple[Table, list[str]]:
+def table_updates(picks: dict[tuple[str, str], LrPick], table: Table, sweeps: Sequence[str],
+                  plain_arm: str = "adamw") -> tuple[Table, list[str]]:
     """The table with the usable picks merged in, and the refusals of the plain-lr rule (one line each).
 
-    AdamW's pick also becomes the format's ``plain`` lr; every other arm must have been tuned at that plain lr.
+    The pick of ``plain_arm`` (AdamW's by default) also becomes the format's ``plain`` lr; every other arm must
+    have been tuned at that plain lr.
     """
     new = {fmt: dict(arms) for fmt, arms in table.items()}
     for (fmt, arm), pick in picks.items():
-        if arm == "adamw" and pick.lr is not None and pick.refusal is None:
+        if arm == plain_arm and pick.lr is not None and pick.refusal is None:
             note = _note(pick, sweeps)
-            new.setdefault(fmt, {})["adamw"] = (pick.lr, note)
-            new[fmt][PLAIN_KEY] = (pick.lr, "= adamw: the lr of every arm's grid-less parameters")
+            new.setdefault(fmt, {})[arm] = (pick.lr, note)
+            new[fmt][PLAIN_KEY] = (pick.lr, f"= {arm}: the lr of every arm's grid-less parameters")
     problems = []
     for (fmt, arm), pick in picks.items():
-        if arm == "adamw" or pick.lr is None or pick.refusal is not None:
+        if arm == plain_arm or pick.lr is None or pick.refusal is not None:
             continue
         plain = new.get(fmt, {}).get(PLAIN_KEY)
-        if plain is None:
-            problems.append(f"{pick.cell}: AdamW has no pick in {fmt} yet; tune adamw first, then this arm with "
-                            "baseline.lr=${tuned_lr.${format.label}.plain}")
+        if plain is None and pick.plain_lr is None:  # its optimizer steps every tensor itself (AdamW): no plain lr
+            new.setdefault(fmt, {})[arm] = (pick.lr, _note(pick, sweeps))
+        elif plain is None:
+            problems.append(f"{pick.cell}: {plain_arm} has no pick in {fmt} yet; tune {plain_arm} first, then this "
+                            "arm with baseline.lr=${tuned_lr.${format.label}.plain}")
         elif pick.plain_lr is not None and not math.isclose(pick.plain_lr, plain[0], rel_tol=1e-9):
             problems.append(f"{pick.cell}: its runs stepped the grid-less parameters at lr {pick.plain_lr:g}, but "
-                            f"AdamW's pick in {fmt} is {plain[0]:g}; rerun its scan with "
+                            f"{plain_arm}'s pick in {fmt} is {plain[0]:g}; rerun its scan with "
                             "baseline.lr=${tuned_lr.${format.label}.plain}")
         else:
             new[fmt][arm] = (pick.lr, _note(pick, sweeps))
@@ -206,6 +215,7 @@ def extension_lrs(pick: LrPick, n: int = 2) -> list[float]:
     scanned = pick.scanned
     ratio = (scanned[-1] / scanned[0]) ** (1 / (len(scanned) - 1)) if len(scanned) > 1 else math.sqrt(10)
     half_decades = abs(math.log10(ratio) - 0.5) < 0.05
+    fifth_decades = abs(math.log10(ratio) - 0.2) < 0.02  # a ×1.585 ladder, 10^(k/5) to three digits
     x, out = (scanned[0], []) if pick.edge == "low" else (scanned[-1], [])
     for _ in range(n):
         x = x / ratio if pick.edge == "low" else x * ratio
@@ -213,6 +223,8 @@ def extension_lrs(pick: LrPick, n: int = 2) -> list[float]:
             k = math.floor(math.log10(x))
             mantissa = min((1.0, 3.0, 10.0), key=lambda m: abs(math.log10(x / 10**k) - math.log10(m)))
             x = mantissa * 10**k
+        if fifth_decades:  # snap to the ladder: the grid's own values stay its values
+            x = float(f"{10 ** (round(5 * math.log10(x)) / 5):.3g}")
         out.append(float(f"{x:.4g}"))
     return out
 
@@ -268,6 +280,8 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--eval-seeds", type=_seed_list, default=[], help="refuse tuning runs on these seeds")
     parser.add_argument("--min-lrs", type=int, default=1, help="refuse cells with fewer scanned lrs")
     parser.add_argument("--extend", type=Path, help="write the extension scans of edge picks to this script")
+    parser.add_argument("--plain-arm", default="adamw",
+                        help="--table: the arm whose pick is each format's plain lr (default adamw)")
     args = parser.parse_args(list(argv))
     try:
         sweep = load_sweeps(args.sweep_dirs)
@@ -297,7 +311,7 @@ def main(argv: Sequence[str]) -> int:
     note_sweeps = [_shown(d) for d in args.sweep_dirs]
     if args.table:
         try:
-            table, problems = table_updates(picks, read_table(args.table), note_sweeps)
+            table, problems = table_updates(picks, read_table(args.table), note_sweeps, args.plain_arm)
         except ValueError as err:
             print(f"error: {err}", file=sys.stderr)
             return 2
