@@ -32,7 +32,7 @@ class FormatOption:
     name: str
     grad: str | None
     mbits: int | None
-    bits: int | None  # storage width; None for fp32 (not quantized)
+    bits: int | None  # storage width; None for fp32 (not quantized) or a format that cannot be built
 
 
 def _group_files(group: str, conf_dir: Path) -> list[Path]:
@@ -49,8 +49,12 @@ def _format_option(path: Path, base: Any) -> FormatOption:
     if name != UNQUANTIZED:
         from altgrad.quant.layer_map import resolve_format
 
-        fmt = resolve_format(name, fields)
-        mbits, bits = fmt.mbits, fmt.bits
+        try:
+            fmt = resolve_format(name, fields)
+        except ValueError:  # an option that cannot run (its run stops with one line); the report still reads
+            pass
+        else:
+            mbits, bits = fmt.mbits, fmt.bits
     return FormatOption(str(cfg.get("label") or name), name, cfg.get("grad"), mbits, bits)
 
 
@@ -70,7 +74,7 @@ def format_options(conf_dir: Path = CONF_DIR) -> tuple[FormatOption, ...]:
 
     def key(o: FormatOption) -> tuple:
         preset = presets.index(o.name) if o.name in presets else len(presets)
-        return (o.bits is not None, -(o.bits or 0), preset, o.grad is not None, o.label)
+        return (o.name != UNQUANTIZED, -(o.bits or 0), preset, o.grad is not None, o.label)
 
     return tuple(sorted(options, key=key))
 
@@ -99,7 +103,7 @@ def optimizer_labels(conf_dir: Path = CONF_DIR) -> tuple[str, ...]:
 
 
 FORMAT_ORDER = tuple(o.label for o in format_options())
-REFERENCE_FORMATS = tuple(o.label for o in format_options() if o.bits is None or o.bits > 8)
+REFERENCE_FORMATS = tuple(o.label for o in format_options() if o.name == UNQUANTIZED or (o.bits or 0) > 8)
 """Unquantized and wide (more than 8-bit) formats run as references; the question is about the 8-bit ones."""
 OPTIMIZER_ORDER = optimizer_labels()
 STORAGE_ORDER = (*(f"{m} master" for m in MASTER_POLICIES if m != "none"),
