@@ -34,8 +34,8 @@ install: $(STAMP) ## create .venv (if missing), install the CPU torch wheel, the
 train: $(STAMP) ## train the default nanoGPT on the embedded corpus (≈2 min on 2 CPU cores); ARGS='key=value ...'
 	$(BIN)/python -m altgrad.train $(ARGS)
 
-test: $(STAMP) ## run the test suite (slow end-to-end tests excluded)
-	$(BIN)/python -m pytest -q $(ARGS)
+test: $(STAMP) ## run the test suite (slow end-to-end tests excluded); EURLEX=DIR also reruns study-2 records
+	$(BIN)/python -m pytest -q $(if $(EURLEX),--eurlex=$(abspath $(EURLEX))) $(ARGS)
 
 test-slow: $(STAMP) ## run only the slow tests (full default run, torch.compile, ...)
 	$(BIN)/python -m pytest -q -m slow $(ARGS)
