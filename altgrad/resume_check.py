@@ -24,8 +24,9 @@ RECORD = "altgrad"  # the checkpoint key LastCheckpoint writes: {"config": resol
 # What shapes a checkpoint's state; everything else (steps, intervals, paths, loggers, callbacks) may change.
 STATE_KEYS = ("seed", "model", "format", "layer_map", "quant.master", "quant.storage_rounding", "optimizer", "data",
               "trainer.accumulate_grad_batches")
-# Below STATE_KEYS, keys that say where data is cached or how it is loaded, not what it is.
-NOT_STATE = ("data.cache_dir", "data.num_workers", "quant.kernel")  # quant.kernel: every road gives the same bits
+# Below STATE_KEYS, keys that say where data is cached or how it is loaded, not what it is, or how a run is named;
+# quant.kernel: how quantizer calls run (every road gives the same bits).
+NOT_STATE = ("data.cache_dir", "data.num_workers", "format.label", "quant.kernel")
 # Keys added after records were written, with the value a record without them ran (optimizer.kernel: the compiled
 # step was the only one outside tests); a stored config lacking them compares as if it had that value.
 LATER_KEYS = {"optimizer.kernel": ("compiled", ("ManifoldAdamW", "RelativeAdamW", "GridOptim"))}

@@ -162,7 +162,7 @@ def base_summary(run: RunConfig) -> dict[str, Any]:
         "tokens_per_second": None,
         "wall_seconds": None,
         "seed": run.seed,
-        "format": run.format.name,
+        "format": run.format_label,
         "optimizer": run.optimizer.name,
         "optimizer_label": run.optimizer_label,
         "layer_map": run.layer_map.name,
