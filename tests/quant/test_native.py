@@ -296,7 +296,7 @@ def test_a_quantizer_resolves_its_call_once_and_again_when_its_buffers_change() 
 @pytest.mark.parametrize(("kind", "pow2", "rounding"), [("tensor", True, "nearest"), ("tensor", False, "stochastic"),
                                                         ("delayed", True, "stochastic"), ("none", True, "nearest")])
 def test_storage_rounding_in_one_native_call_equals_the_eager_road(kind: str, pow2: bool, rounding: str) -> None:
-    """project_ (quant.master=none) on the native road: the forward's scale, not updated, and the rounding in one call."""
+    """project_ (quant.master=none) on the native road: the forward's scale, not updated, and the rounding at once."""
     fmt = get_format("e5m2")
     spec = QuantSpec(fmt, scaling=ScalingSpec(kind=kind, pow2=pow2, history=3, margin=1))
     native_q, eager_q = TensorQuantizer(spec), TensorQuantizer(spec, kernel="eager")
