@@ -3,7 +3,10 @@
 The wrapper takes over the original Linear's Parameters (the same objects), so optimizers, tied weights
 (nanoGPT's ``lm_head`` ↔ ``wte``) and state-dict keys (``lm_head.weight``) are unchanged by the surgery.
 Outside training, a layer reuses its quantized weight while nothing it depends on has changed (``weight_cache``):
-the tokens of a sample and the batches of a validation pass see the same weights.
+the tokens of a sample and the batches of a validation pass see the same weights. An eager CPU training call runs as
+one autograd node (linear_node.py: the same quantizer calls and matmuls, the same bits, a fraction of the Python);
+everything else (no grad, autocast, torch.compile tracing, another device, a hooked quantizer) calls the quantizer
+modules around F.linear (``forward_modules``).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from altgrad.quant import linear_node
 from altgrad.quant.fake_quant import GradQuantizer, TensorQuantizer
 from altgrad.quant.spec import QuantSpec
 
@@ -67,6 +71,13 @@ class QuantLinear(nn.Module):
         return wq
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not torch.compiler.is_compiling() and linear_node.takes(self, x):
+            return linear_node.QuantLinearFunction.apply(x, self.weight, self.bias, self)
+        return self.forward_modules(x)
+
+    def forward_modules(self, x: torch.Tensor) -> torch.Tensor:
+        """The module road: the quantizer modules around F.linear (one straight-through node each); what a compiled
+        graph traces, and the reference the one-node road is tested against."""
         if self.input_q is not None:
             x = self.input_q(x)
         y = F.linear(x, self.quantized_weight(), self.bias)

@@ -1,0 +1,102 @@
+"""A quantized Linear's eager CPU training call as one autograd node (QuantLinear's ``forward`` takes it where it can).
+
+The module road records five to seven nodes per layer (the straight-through nodes of the input and weight quantizers,
+the gradient quantizer's node, F.linear's own view, mm and transpose nodes) and makes three nn.Module calls; on a small
+step that Python costs more than the quantizer arithmetic. This node makes the same quantizer calls in the same order
+(stochastic seeds drawn for the input, the weight, then the gradient; the gradient quantized in the backward), runs
+F.linear itself in the forward, and computes the gradients with the very calls F.linear's autograd formulas make
+(torch's ``mm_mat1_backward`` / ``mm_mat2_backward`` for the matmul, the engine's ``sum_to`` for a bias), so every
+bit is the module road's (tests/layers/test_linear_node.py compares them).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
+from torch.nn.modules import module as _module
+
+from altgrad.quant.fake_quant import _seed_for
+
+
+def _hooked(q: torch.nn.Module | None) -> bool:
+    """Whether calling q's ``quantize_now`` directly would skip a hook registered on the module."""
+    return q is not None and bool(q._forward_hooks or q._forward_pre_hooks or q._backward_hooks
+                                  or q._backward_pre_hooks)
+
+
+def takes(layer: torch.nn.Module, x: torch.Tensor) -> bool:
+    """Whether ``layer(x)`` may run as one node: a training call (grad enabled) outside any tracing and autocast, on
+    float32 CPU tensors of two or more dimensions, a contiguous input and weight, and no hook on a quantizer."""
+    w, b = layer.weight, layer.bias
+    if not (torch.is_grad_enabled() and x.dim() >= 2 and x.dtype is torch.float32 and x.device.type == "cpu"
+            and type(x) in (torch.Tensor, torch.nn.Parameter) and x.is_contiguous() and w.dtype is torch.float32
+            and w.device.type == "cpu" and w.is_contiguous()
+            and (b is None or (b.dtype is torch.float32 and b.dim() == 1)) and not torch.is_autocast_enabled("cpu")):
+        return False
+    return not (_hooked(layer.input_q) or _hooked(layer.weight_q) or _hooked(layer.grad_q)
+                or _module._global_forward_hooks or _module._global_forward_pre_hooks)
+
+
+class QuantLinearFunction(torch.autograd.Function):
+    """y = linear(q_in(x), q_w(W), b); backward: g' = q_grad(g), dx = g'·q_w(W), dW = g'ᵀ·q_in(x), db = Σ g'."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, layer):  # noqa: ANN001, ANN205 - autograd signature
+        iq, wq, gq = layer.input_q, layer.weight_q, layer.grad_q
+        xq = x if iq is None or not iq.enabled else iq.quantize_now(x, _seed_for(iq.spec, x), iq.training)
+        if wq is None:
+            w = weight
+        else:
+            layer.weight_cache = None  # a training call: nothing is reused (QuantLinear.quantized_weight)
+            w = weight if not wq.enabled else wq.quantize_now(weight, _seed_for(wq.spec, weight), wq.training)
+        y = F.linear(xq, w, bias)
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        grad_q = gq if gq is not None and gq.enabled and (need_x or need_w or need_b) else None
+        seed = None if grad_q is None else _seed_for(grad_q.spec, y)
+        ctx.grad_q = grad_q
+        ctx.x_shape = x.shape
+        # the formulas below assume the strides F.linear saw: contiguous operands (every road's quantized output of
+        # a contiguous tensor); anything else replays F.linear's own autograd on the saved operands
+        ctx.replay = not (xq.is_contiguous() and w.is_contiguous())
+        if ctx.replay:
+            ctx.save_for_backward(xq, w, bias, seed)
+        else:
+            ctx.save_for_backward(xq if need_w else None, w if need_x else None, None, seed)
+        return y
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):  # noqa: ANN001, ANN205
+        xq, w, bias, seed = ctx.saved_tensors
+        if ctx.grad_q is not None:
+            grad = ctx.grad_q.quantize_now(grad, seed, update=True)
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        if ctx.replay:
+            return (*_replay(xq, w, bias, grad, (need_x, need_w, need_b)), None)
+        g2 = grad.reshape(-1, grad.shape[-1]) if grad.dim() != 2 else grad  # F.linear folds to 2-D (a view here)
+        dx = dw = db = None
+        if need_x:
+            # mm_mat1_backward(g, mat2 = Wᵀ, mat1 = the folded input): a column-major input gets (W·gᵀ)ᵀ
+            shape = ctx.x_shape
+            rows = shape.numel() // shape[-1] if shape.numel() else 0
+            column_major = shape[-1] == 1 and rows == 1
+            dx = (w.t().mm(g2.t()).t() if column_major else g2.mm(w)).reshape(shape)
+        if need_w:
+            # mm_mat2_backward(g, mat1, mat2 = Wᵀ): Wᵀ of a contiguous W is column-major, so (gᵀ·x)ᵀ, then Wᵀ's
+            # transpose node turns it back: gᵀ·x
+            dw = g2.t().mm(xq.reshape(-1, xq.shape[-1]))
+        if need_b:
+            db = g2.sum([0], keepdim=True).view(-1)  # the engine's sum_to(addmm's self gradient, bias shape)
+        return dx, dw, db, None
+
+
+def _replay(xq: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, grad: torch.Tensor,
+            needs: tuple[bool, bool, bool]) -> tuple[torch.Tensor | None, ...]:
+    """(dx, dW, db) from F.linear's own autograd on the saved operands (their strides as the forward saw them)."""
+    leaves = [t.detach().requires_grad_(need) if t is not None else None for t, need in zip((xq, w, bias), needs)]
+    with torch.enable_grad():
+        y = F.linear(*leaves)
+    wanted = [t for t, need in zip(leaves, needs) if t is not None and need]
+    found = iter(torch.autograd.grad(y, wanted, grad))
+    return tuple(next(found) if t is not None and need else None for t, need in zip(leaves, needs))
