@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from altgrad.quant import native
+from altgrad.quant.changes import Watched
 from altgrad.quant.compiled import check_kernel
 from altgrad.quant.format import get_format
 from altgrad.quant.quantizer_call import quant_call, quant_call_body
@@ -191,11 +192,12 @@ class _StatsMarker:
         return None if record is None else record.step
 
 
-# Quantizer → (spec, track_stats, scaler, stats, *scaler state, its CallPlan or None): see Quantizer.native_plan
+# Quantizer → (spec, kernel choice, scaler, stats, *scaler state, track_stats its plan writes for, the plan or None):
+# see Quantizer.native_plan
 _PLANS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-class Quantizer(_StatsMarker, nn.Module):
+class Quantizer(_StatsMarker, Watched):
     """What TensorQuantizer and GradQuantizer share: the spec, its scaler (state in buffers), the ``stats`` buffer,
     the ``enabled`` and ``track_stats`` switches and the road an eager call takes (``road``: ``kernel`` resolved by
     ``choose_road`` once per spec and device; ``use_kernel`` changes it)."""
@@ -211,6 +213,26 @@ class Quantizer(_StatsMarker, nn.Module):
         self.scaler = make_scaler(spec.scaling, spec.format)
         self.register_buffer("stats", torch.zeros(len(STAT_NAMES), dtype=torch.float32))
         self.use_kernel("auto" if kernel is None else kernel)
+
+    @property
+    def track_stats(self) -> bool:
+        """Whether calls record the statistics into ``stats`` (see the module doc)."""
+        return self._track_stats
+
+    @track_stats.setter
+    def track_stats(self, on: bool) -> None:
+        # written into the resolved native plan at once: a C++ Linear node whose backward is still pending holds that
+        # plan, and (as on the module road) the gradient's call records per the switch as it is when it runs
+        self.__dict__["_track_stats"] = on
+        cached = _PLANS.get(self)
+        if cached is not None and cached[-1] is not None and cached[-2] != on:
+            cached[-1].set_stats(cached[3] if on else None)
+            _PLANS[self] = (*cached[:-2], on, cached[-1])
+
+    def __setstate__(self, state: dict) -> None:
+        if "track_stats" in state:  # pickled before track_stats became a property
+            state["_track_stats"] = state.pop("track_stats")
+        super().__setstate__(state)
 
     def use_kernel(self, kernel: str, device: torch.device | str | None = None) -> str:
         """Resolve ``kernel`` (compiled.KERNELS) for this quantizer's spec on ``device`` (None: the CPU) into ``road``;
@@ -236,7 +258,7 @@ class Quantizer(_StatsMarker, nn.Module):
         if road == "native":
             plan = self.native_plan() if native.takes(x) else None
             if plan is not None:
-                y = plan(x, seed, update)
+                y = plan(x, None if seed is None else int(seed), update)
                 if y is not None:
                     return y
             elif self.kernel == "native":
@@ -250,32 +272,49 @@ class Quantizer(_StatsMarker, nn.Module):
         return all(b.dtype == torch.float32 and b.device.type == "cpu" and b.is_contiguous()
                    for b in (self.stats, *self.scaler.state()))
 
-    def native_plan(self) -> native.CallPlan | None:
-        """This quantizer's native call, resolved once and again only when its spec, ``track_stats``, scaler or
-        buffers change (identity: ``.double()`` or ``.to()`` replaces buffers); None where the kernel may not write
-        the buffers in place. Plans hold raw pointers, so they live beside the module (``_PLANS``), never in it: a
-        deep copy or a pickle of the quantizer resolves its own."""
-        scaler, stats = self.scaler, self.stats
+    def native_plan(self) -> object | None:
+        """This quantizer's native call (native.plan: the extension's ``Plan`` or a ctypes ``CallPlan``), resolved
+        once and again only when its spec, kernel choice, scaler or buffers change (identity: ``.double()`` or
+        ``.to()`` replaces buffers); None where the kernel may not write the buffers in place. A change of
+        ``track_stats`` is written into the same plan (``set_stats``), so a backward pass still pending reads the
+        switch as it is when it runs, as the module road does. Plans hold raw pointers, so they live beside the module
+        (``_PLANS``), never in it: a deep copy or a pickle of the quantizer resolves its own."""
+        d = self.__dict__
+        scaler, stats = d["_modules"]["scaler"], d["_buffers"]["stats"]
         state = scaler.state()
         cached = _PLANS.get(self)
-        if (cached is not None and cached[0] is self.spec and cached[1] == self.track_stats and cached[2] is scaler
-                and cached[3] is stats and len(cached) == len(state) + 5
-                and all(a is b for a, b in zip(cached[4:-1], state))):
-            return cached[-1]
+        if (cached is not None and cached[0] is d["spec"] and cached[1] == d["kernel"] and cached[2] is scaler
+                and cached[3] is stats and len(cached) == len(state) + 6
+                and all(a is b for a, b in zip(cached[4:-2], state))):
+            plan = cached[-1]
+            on = d["_track_stats"]
+            if plan is not None and cached[-2] != on:
+                plan.set_stats(stats if on else None)
+                _PLANS[self] = (*cached[:-2], on, plan)
+            return plan
         plan = None
         if self._buffers_native():
             spec = self.spec
             sc = spec.scaling
             cpu = torch.device("cpu")
-            plan = native.CallPlan(
+            plan = native.plan(
                 native.require() if self.kernel == "native" else native.kernel(),
                 kernel_params(spec.format, spec.rounding, spec.overflow, cpu), spec.rounding,
                 native.variant_flags(kernel_variant(spec.format, spec.rounding, spec.overflow)), sc.kind, sc.pow2,
                 scale_consts(spec.format, sc.margin, cpu), scale=state[-1] if state else None,
                 history=state[0] if sc.kind == "delayed" else None, reduce_max=sc.reduce == "max",
                 stats=stats if self.track_stats else None, holds=(stats, *state))
-        _PLANS[self] = (self.spec, self.track_stats, scaler, stats, *state, plan)
+        _PLANS[self] = (self.spec, self.kernel, scaler, stats, *state, self.track_stats, plan)
         return plan
+
+    def node_plan(self) -> object | None:
+        """The extension's ``Plan`` QuantLinear's C++ node calls for this quantizer, or None where its calls take
+        another road (not native, buffers the kernel may not write, no extension built)."""
+        if self.road != "native":
+            return None
+        plan = self.native_plan()
+        ext = native.linear_ext()
+        return plan if ext is not None and type(plan) is ext.Plan else None
 
     def _compiled(self, x: torch.Tensor, seed: torch.Tensor | None, update: bool,
                   compiled: bool | None) -> torch.Tensor:

@@ -71,9 +71,17 @@ class QuantLinear(nn.Module):
         return wq
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not torch.compiler.is_compiling() and linear_node.takes(self, x):
-            return linear_node.QuantLinearFunction.apply(x, self.weight, self.bias, self)
+        if not torch.compiler.is_compiling():
+            y = linear_node.forward(self, x)
+            if y is not None:
+                return y
         return self.forward_modules(x)
+
+    def __getstate__(self) -> dict:
+        # the one-node road's resolution points into these quantizers' buffers: a copy or a pickle resolves its own
+        state = self.__dict__.copy()
+        state.pop("_one_node", None)
+        return state
 
     def forward_modules(self, x: torch.Tensor) -> torch.Tensor:
         """The module road: the quantizer modules around F.linear (one straight-through node each); what a compiled

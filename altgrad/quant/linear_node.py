@@ -2,11 +2,16 @@
 
 The module road records five to seven nodes per layer (the straight-through nodes of the input and weight quantizers,
 the gradient quantizer's node, F.linear's own view, mm and transpose nodes) and makes three nn.Module calls; on a small
-step that Python costs more than the quantizer arithmetic. This node makes the same quantizer calls in the same order
+step that Python costs more than the quantizer arithmetic. One node makes the same quantizer calls in the same order
 (stochastic seeds drawn for the input, the weight, then the gradient; the gradient quantized in the backward), runs
 F.linear itself in the forward, and computes the gradients with the very calls F.linear's autograd formulas make
 (torch's ``mm_mat1_backward`` / ``mm_mat2_backward`` for the matmul, the engine's ``sum_to`` for a bias), so every
 bit is the module road's (tests/layers/test_linear_node.py compares them).
+
+``forward`` takes the C++ node (native_linear.cpp: no Python in the backward at all) where every active quantizer
+calls the native kernel through the extension, else ``QuantLinearFunction``, its Python twin (any road: compiled,
+eager, a quantizer the kernel cannot serve). What it resolves from the quantizers is kept on the layer until one of
+them changes (changes.COUNT), so a call costs a few attribute reads before the node.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 from torch.nn.modules import module as _module
 
+from altgrad.quant import changes, native
 from altgrad.quant.fake_quant import _seed_for
 
 
@@ -26,16 +32,63 @@ def _hooked(q: torch.nn.Module | None) -> bool:
 
 
 def takes(layer: torch.nn.Module, x: torch.Tensor) -> bool:
-    """Whether ``layer(x)`` may run as one node: a training call (grad enabled) outside any tracing and autocast, on
-    float32 CPU tensors of two or more dimensions, a contiguous input and weight, and no hook on a quantizer."""
+    """Whether ``layer(x)`` may run as the Python node: a training call (grad enabled) outside autocast, on float32
+    CPU tensors of two or more dimensions, a contiguous input and weight (what native_linear.cpp's ``linear``
+    checks for the C++ node)."""
     w, b = layer.weight, layer.bias
-    if not (torch.is_grad_enabled() and x.dim() >= 2 and x.dtype is torch.float32 and x.device.type == "cpu"
-            and type(x) in (torch.Tensor, torch.nn.Parameter) and x.is_contiguous() and w.dtype is torch.float32
-            and w.device.type == "cpu" and w.is_contiguous()
-            and (b is None or (b.dtype is torch.float32 and b.dim() == 1)) and not torch.is_autocast_enabled("cpu")):
-        return False
-    return not (_hooked(layer.input_q) or _hooked(layer.weight_q) or _hooked(layer.grad_q)
-                or _module._global_forward_hooks or _module._global_forward_pre_hooks)
+    return (torch.is_grad_enabled() and x.dim() >= 2 and x.dtype is torch.float32 and x.device.type == "cpu"
+            and x.is_contiguous() and w.dtype is torch.float32 and w.device.type == "cpu" and w.is_contiguous()
+            and w.dim() == 2 and (b is None or (b.dtype is torch.float32 and b.dim() == 1))
+            and not torch.is_autocast_enabled("cpu")
+            and max(x.numel(), x.numel() // max(x.shape[-1], 1) * w.shape[0]) < native.MAX_NUMEL)
+
+
+class _Resolved:
+    """What a QuantLinear's one-node call needs, resolved while ``changes.COUNT`` stays where it was: the extension
+    (None: the Python node) and the plans of the active quantizers (input, weight, gradient; None where a role is
+    unquantized or switched off), the scaler-update switches of the input and weight calls, every quantizer (for the
+    hook check)."""
+
+    __slots__ = ("count", "ext", "plans", "updates", "quantizers")
+
+    def __init__(self, layer: torch.nn.Module) -> None:
+        self.count = changes.COUNT[0]
+        iq, wq, gq = layer.input_q, layer.weight_q, layer.grad_q
+        self.quantizers = tuple(q for q in (iq, wq, gq) if q is not None)
+        self.updates = (iq is not None and iq.training, wq is not None and wq.training)
+        active = [q if q is not None and q.enabled else None for q in (iq, wq, gq)]
+        self.ext = native.linear_ext()
+        self.plans = [None if q is None else q.node_plan() for q in active]
+        if self.ext is None or any(q is not None and p is None for q, p in zip(active, self.plans)):
+            self.ext = None  # a quantizer the C++ node cannot call: the Python node
+
+
+def forward(layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor | None:
+    """``layer(x)`` as one node, or None where it cannot serve (no grad, autocast, an operand the node does not take,
+    a hook on a quantizer; the caller then takes the module road): the C++ node where the extension is built and
+    every active quantizer has its ``node_plan``, else the Python node."""
+    if not torch.is_grad_enabled() or type(x) not in (torch.Tensor, torch.nn.Parameter):
+        return None
+    got = layer.__dict__.get("_one_node")
+    built = native._LINEAR
+    if got is None or got.count != changes.COUNT[0] or got.ext is not (built[0] if built else None):
+        got = _Resolved(layer)
+        layer.__dict__["_one_node"] = got  # beside nn.Module's registries: not state, not copied by state_dict
+    for q in got.quantizers:
+        if q._forward_hooks or q._forward_pre_hooks or q._backward_hooks or q._backward_pre_hooks:
+            return None
+    if _module._global_forward_hooks or _module._global_forward_pre_hooks:
+        return None
+    if got.ext is not None:
+        params = layer._parameters
+        if layer.weight_cache is not None:
+            layer.weight_cache = None  # a training call: nothing is reused (QuantLinear.quantized_weight)
+        plans, updates = got.plans, got.updates
+        return got.ext.linear(x, params["weight"], params.get("bias"), plans[0], updates[0], plans[1], updates[1],
+                              plans[2])
+    if not takes(layer, x):
+        return None
+    return QuantLinearFunction.apply(x, layer.weight, layer.bias, layer)
 
 
 class QuantLinearFunction(torch.autograd.Function):

@@ -9,19 +9,28 @@ it as kernel_abi.h), compiler, flags and machine, so a later process only loads 
 road is the run's ``quant.kernel`` (``auto``: here where it serves; see fake_quant.choose_road). Where the build
 fails, ``kernel()`` warns once and returns None (``auto`` then takes the compiled road); ``require()`` raises with
 the reason.
+
+``linear_ext()`` is the torch side of the same road (native_linear.cpp, built by torch.utils.cpp_extension, which
+needs ninja, once per machine and torch version, cached beside the kernel): a quantizer call from Python without
+ctypes' argument conversion (``Plan``), and a quantized Linear's training call as one C++ autograd node; both call
+this kernel through its address. Where it cannot be built, it warns once and the calls go through ctypes
+(``CallPlan``) and QuantLinear's Python node: the same bits, more Python per call.
 """
 
 from __future__ import annotations
 
 import ctypes
 import hashlib
+import importlib.util
 import os
 import platform
 import shutil
 import subprocess
+import sys
 import tempfile
 import warnings
 from pathlib import Path
+from types import ModuleType
 
 import torch
 
@@ -100,6 +109,7 @@ class NativeKernel:
                        ctypes.c_int, ctypes.c_int, p, ctypes.c_int, p]
         fn.restype = ctypes.c_int
         self.call = fn
+        self.address = ctypes.cast(fn, ctypes.c_void_p).value  # what native_linear.cpp's plans call
         sums = lib.altgrad_flip_sums
         sums.argtypes = [p, p, p, p, p, p, i64, p]
         sums.restype = None
@@ -152,8 +162,74 @@ def require() -> NativeKernel:
 
 
 def reset() -> None:
-    """Forget this process's kernel, so the next ``kernel()`` builds or loads it again (tests)."""
+    """Forget this process's kernel and Linear extension, so the next ``kernel()`` / ``linear_ext()`` builds or loads
+    them again (tests)."""
     _KERNEL.clear()
+    _LINEAR.clear()
+
+
+LINEAR_SOURCE = Path(__file__).with_name("native_linear.cpp")
+LINEAR_FLAGS = ("-O2",)
+
+# [] = not tried yet; [module] = loaded; [None, reason] = unavailable in this process, and why
+_LINEAR: list = []
+
+
+def _linear_name(compiler_path: str) -> str:
+    """The extension's module name: this source for this torch, Python and compiler binary (path, size, mtime)."""
+    import torch.utils.cpp_extension as cpp  # noqa: F401 - its version and ABI are part of the key
+
+    st = os.stat(compiler_path)
+    key = hashlib.sha256("\0".join([LINEAR_SOURCE.read_text(), torch.__version__, str(torch._C._GLIBCXX_USE_CXX11_ABI),
+                                    sys.version, compiler_path, str(st.st_size), str(st.st_mtime_ns),
+                                    " ".join(LINEAR_FLAGS), platform.machine()]).encode()).hexdigest()[:24]
+    return f"altgrad_quant_linear_{key}"
+
+
+def _import(name: str, path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _load_linear() -> None:
+    found, reason = None, ""
+    try:
+        if kernel() is None:
+            raise RuntimeError("the native kernel is unavailable")
+        compiler = shutil.which(_compiler())
+        if compiler is None:
+            raise RuntimeError(f"no C++ compiler {_compiler()!r} on PATH (set CXX to one)")
+        name = _linear_name(compiler)
+        folder = cache_dir() / name
+        built = folder / f"{name}.so"
+        if built.exists():  # a build of this very source: imported without asking ninja again
+            found = _import(name, built)
+        else:
+            import torch.utils.cpp_extension as cpp
+
+            folder.mkdir(parents=True, exist_ok=True)
+            found = cpp.load(name, [str(LINEAR_SOURCE)], extra_cflags=list(LINEAR_FLAGS), build_directory=str(folder),
+                             verbose=False)
+        if found.STOCHASTIC != ROUNDING_CODES["stochastic"]:
+            raise RuntimeError(f"{name} was built with another rounding table; delete {folder} to rebuild")
+    except (OSError, ImportError, RuntimeError, subprocess.SubprocessError) as err:
+        found, reason = None, f"{type(err).__name__}: {str(err).strip()[-500:]}"
+        warnings.warn(f"altgrad.quant: the native Linear extension is unavailable ({reason}); quantizer calls go "
+                      "through ctypes and QuantLinear through its Python node (the same bits, more Python per call)",
+                      stacklevel=4)
+    _LINEAR[:] = [found] if found is not None else [None, reason]
+
+
+def linear_ext() -> ModuleType | None:
+    """native_linear.cpp's module (``Plan``, ``linear``), built or loaded once per process; None where it cannot be
+    built (one warning then says why)."""
+    if not _LINEAR:
+        _load_linear()
+    return _LINEAR[0]
 
 
 def takes(x: torch.Tensor) -> bool:
@@ -231,6 +307,23 @@ class CallPlan:
         if rc != 0:
             raise RuntimeError(f"altgrad.quant: the native kernel refused the call (code {rc})")
         return y
+
+    def set_stats(self, stats: torch.Tensor | None) -> None:
+        """Write the statistics into ``stats`` from the next call on (None: none); it must be one of ``holds``."""
+        self.stats = _ptr(stats)
+
+
+def plan(k: NativeKernel, params: torch.Tensor, rounding: str, variant_flags: int, kind: str, pow2: bool,
+         consts: torch.Tensor, scale: torch.Tensor | None, history: torch.Tensor | None, reduce_max: bool,
+         stats: torch.Tensor | None, holds: tuple) -> object:
+    """One quantizer's resolved call: native_linear.cpp's ``Plan`` where the extension is built (what QuantLinear's C++
+    node takes), else a ``CallPlan``; both are called ``(x, seed, update)`` and give the same bits, and both take
+    ``set_stats(tensor or None)``."""
+    ext = linear_ext()
+    if ext is None:
+        return CallPlan(k, params, rounding, variant_flags, kind, pow2, consts, scale, history, reduce_max, stats, holds)
+    return ext.Plan(k.address, params, ROUNDING_CODES[rounding], variant_flags, KINDS[kind], pow2, consts, scale,
+                    history, reduce_max, stats)
 
 
 def variant_flags(variant: object) -> int:

@@ -13,6 +13,7 @@ import math
 import torch
 from torch import nn
 
+from altgrad.quant.changes import Watched
 from altgrad.quant.device_constants import device_constant
 from altgrad.quant.format import FloatFormat
 from altgrad.quant.compiled import stored_once
@@ -119,11 +120,12 @@ def block_scale(x: torch.Tensor, consts: torch.Tensor, state: State, pow2: bool,
     return s.reshape(x.shape), ()
 
 
-class Scaler(nn.Module, abc.ABC):
+class Scaler(Watched, abc.ABC):
     """Base: ``forward(x, update)`` returns s broadcastable to x; ``update=False`` leaves the state untouched.
 
     ``scale_fn`` is the kind's pure function and ``state()`` its buffers, so fused callers can run the scale
-    inside one compiled graph and write the new state back with ``load_state_``.
+    inside one compiled graph and write the new state back with ``load_state_``. A change of its attributes or
+    buffers is counted (changes.Watched): plans resolved from them are then resolved again.
     """
 
     scale_fn = staticmethod(none_scale)

@@ -1,5 +1,6 @@
-"""QuantLinear's one-node road (linear_node.py) gives the module road's bits: outputs, every gradient, scaler state,
-statistics and the RNG stream, for every operand layout and switch; and it steps aside where it cannot serve."""
+"""QuantLinear's one-node road (linear_node.py: the C++ node of native_linear.cpp and its Python twin) gives the module
+road's bits: outputs, every gradient, scaler state, statistics and the RNG stream, for every operand layout and
+switch; and it steps aside where it cannot serve."""
 
 from __future__ import annotations
 
@@ -13,9 +14,29 @@ from torch import nn
 from altgrad.callbacks.fake_quant import FakeQuantCallback
 from altgrad.callbacks.probe import quantizers
 from altgrad.model import GPT, GPTConfig
-from altgrad.quant import QuantSpec, ScalingSpec, get_format
+from altgrad.quant import QuantSpec, ScalingSpec, get_format, native
 from altgrad.quant.fake_quant import Quantizer
 from altgrad.quant.layers import QuantLinear
+from altgrad.quant.scaling import make_scaler
+
+
+@pytest.fixture(params=["cpp", "python"])
+def node(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Which one-node road QuantLinear takes: the C++ node (skipped where the extension cannot be built) or the
+    Python node (the extension switched off: quantizers then call the kernel through ctypes)."""
+    if request.param == "cpp":
+        if native.kernel() is None or native.linear_ext() is None:
+            pytest.skip("the native Linear extension is unavailable here")
+    else:
+        monkeypatch.setattr(native, "_LINEAR", [None, "switched off by the test"])
+    return request.param
+
+
+def one_node(y: torch.Tensor, kind: str) -> bool:
+    """Whether y came out of the one-node road of that kind."""
+    name = y.grad_fn.name() if y.grad_fn is not None else ""
+    return name == ("torch::autograd::CppNode<altgrad::QuantLinearFn>" if kind == "cpp"
+                    else "QuantLinearFunctionBackward")
 
 
 def spec(name: str, kind: str = "tensor", rounding: str = "nearest", pow2: bool = True) -> QuantSpec:
@@ -52,7 +73,7 @@ def run(layer: QuantLinear, x0: torch.Tensor, g: torch.Tensor, x_grad: bool, see
     y.backward(g)
     return {"y": y.detach(), "dx": x.grad, "dw": layer.weight.grad,
             "db": None if layer.bias is None else layer.bias.grad, "buffers": state_of(layer),
-            "rng": torch.randint(0, 2**31 - 1, (4,)), "node": type(y.grad_fn).__name__}
+            "rng": torch.randint(0, 2**31 - 1, (4,)), "node": y}
 
 
 ROLES = {
@@ -72,19 +93,19 @@ ROLES = {
 @pytest.mark.parametrize("shape,out", [((37, 24), 40), ((6, 16), 8), ((3, 11, 24), 40), ((2, 3, 5, 24), 40),
                                        ((1, 24), 40)])
 @pytest.mark.parametrize("bias", [False, True])
-def test_one_node_equals_the_module_road(roles: str, shape: tuple[int, ...], out: int, bias: bool) -> None:
+def test_one_node_equals_the_module_road(node: str, roles: str, shape: tuple[int, ...], out: int, bias: bool) -> None:
     """(6, 16) → 8 is a size where MKL's products differ with the operands' order: a wrong formula shows there."""
     torch.manual_seed(0)
     lin = nn.Linear(shape[-1], out, bias=bias)
-    node, ref = pair(lin, **ROLES[roles])
+    layer, ref = pair(lin, **ROLES[roles])
     gen = torch.Generator().manual_seed(1)
     for step in range(3):  # scaler state carried from call to call
         x0 = torch.randn(*shape, generator=gen) * torch.randn(*shape, generator=gen).exp2()
         g = torch.randn(*shape[:-1], out, generator=gen) * 1e-3
-        for m in (node, ref):
+        for m in (layer, ref):
             m.zero_grad(set_to_none=True)
-        a, b = run(node, x0, g, True, step), run(ref, x0, g, True, step)
-        assert a.pop("node") == "QuantLinearFunctionBackward" and b.pop("node") != "QuantLinearFunctionBackward"
+        a, b = run(layer, x0, g, True, step), run(ref, x0, g, True, step)
+        assert one_node(a.pop("node"), node) and not one_node(b.pop("node"), node)
         for key in a:
             if key == "buffers":
                 assert all(same(u, v) for u, v in zip(a[key], b[key])), (roles, step, key)
@@ -93,15 +114,15 @@ def test_one_node_equals_the_module_road(roles: str, shape: tuple[int, ...], out
 
 
 @pytest.mark.parametrize("x_grad,w_grad", [(False, True), (True, False), (False, False)])
-def test_operands_without_gradients(x_grad: bool, w_grad: bool) -> None:
+def test_operands_without_gradients(node: str, x_grad: bool, w_grad: bool) -> None:
     torch.manual_seed(0)
     lin = nn.Linear(16, 8, bias=True)
-    node, ref = pair(lin, **ROLES["stochastic everywhere"])
-    for m in (node, ref):
+    layer, ref = pair(lin, **ROLES["stochastic everywhere"])
+    for m in (layer, ref):
         m.weight.requires_grad_(w_grad)
     x0, g = torch.randn(4, 5, 16), torch.randn(4, 5, 8)
     out = []
-    for m in (node, ref):
+    for m in (layer, ref):
         x = x0.clone().requires_grad_(x_grad)
         torch.manual_seed(3)
         y = m(x)
@@ -112,36 +133,44 @@ def test_operands_without_gradients(x_grad: bool, w_grad: bool) -> None:
         assert all(same(p, q) for p, q in zip(u, v)) if isinstance(u, list) else same(u, v)
 
 
-def test_switched_off_quantizers_are_identities() -> None:
+def test_switched_off_quantizers_are_identities(node: str) -> None:
     torch.manual_seed(0)
     lin = nn.Linear(16, 8)
-    node, ref = pair(lin, **ROLES["all e4m3"])
-    for m in (node, ref):
+    layer, ref = pair(lin, **ROLES["all e4m3"])
+    for m in (layer, ref):
         for _, q in m.quantizers():
             q.enabled = False
     x0, g = torch.randn(6, 16), torch.randn(6, 8)
-    a, b = run(node, x0, g, True, 0), run(ref, x0, g, True, 0)
+    a, b = run(layer, x0, g, True, 0), run(ref, x0, g, True, 0)
+    assert one_node(a["node"], node)
     assert same(a["y"], F.linear(x0, lin.weight, lin.bias).detach())
     assert all(same(a[k], b[k]) for k in ("y", "dx", "dw", "db"))
 
 
-def test_statistics_are_recorded_as_on_the_module_road() -> None:
+def test_statistics_are_recorded_as_on_the_module_road(node: str) -> None:
+    """Including a switch of track_stats between a forward and its backward: the gradient's statistics follow the
+    switch as it is when the backward runs."""
     torch.manual_seed(0)
     lin = nn.Linear(32, 16, bias=False)
-    node, ref = pair(lin, **ROLES["all e4m3"])
-    x0, g = torch.randn(8, 32), torch.randn(8, 16) * 1e-6  # gradients deep in e5m2's subnormals
-    for flag in (True, False, True):
-        for m in (node, ref):
+    layer, ref = pair(lin, **ROLES["all e4m3"])
+    gen = torch.Generator().manual_seed(5)
+    for forward_flag, backward_flag in ((True, True), (False, False), (True, False), (False, True), (True, True)):
+        x0 = torch.randn(8, 32, generator=gen)
+        g = torch.randn(8, 16, generator=gen) * 1e-6  # gradients deep in e5m2's subnormals
+        for m in (layer, ref):
             for _, q in m.quantizers():
-                q.track_stats = flag
-        run(node, x0, g, True, 0)
-        run(ref, x0, g, True, 0)
-        for (_, p), (_, q) in zip(node.quantizers(), ref.quantizers()):
-            assert same(p.stats, q.stats)
+                q.track_stats = forward_flag
+            y = m(x0.clone().requires_grad_(True))
+            m.grad_q.track_stats = backward_flag
+            y.backward(g)
+        for (_, p), (_, q) in zip(layer.quantizers(), ref.quantizers()):
+            assert same(p.stats, q.stats), (forward_flag, backward_flag, p.role)
 
 
 def test_a_noncontiguous_quantized_operand_replays_f_linear(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A road that returned a column-major result (none does today) still gets F.linear's gradients bit for bit."""
+    """A road that returned a column-major result (none does today) still gets F.linear's gradients bit for bit
+    (the Python node: the C++ one calls the kernel itself and its results are contiguous)."""
+    monkeypatch.setattr(native, "_LINEAR", [None, "switched off by the test"])
     real = Quantizer.quantize_now
 
     def column_major(self: Quantizer, x: torch.Tensor, seed: torch.Tensor | None, update: bool) -> torch.Tensor:
@@ -151,14 +180,14 @@ def test_a_noncontiguous_quantized_operand_replays_f_linear(monkeypatch: pytest.
     monkeypatch.setattr(Quantizer, "quantize_now", column_major)
     torch.manual_seed(0)
     lin = nn.Linear(24, 40, bias=True)
-    node, ref = pair(lin, **ROLES["all e4m3"])
+    layer, ref = pair(lin, **ROLES["all e4m3"])
     x0, g = torch.randn(9, 24), torch.randn(9, 40)
-    a, b = run(node, x0, g, True, 0), run(ref, x0, g, True, 0)
-    assert a["node"] == "QuantLinearFunctionBackward"
+    a, b = run(layer, x0, g, True, 0), run(ref, x0, g, True, 0)
+    assert one_node(a["node"], "python")
     assert all(same(a[k], b[k]) for k in ("y", "dx", "dw", "db"))
 
 
-def test_training_steps_of_a_quantized_gpt_are_bit_identical() -> None:
+def test_training_steps_of_a_quantized_gpt_are_bit_identical(node: str) -> None:
     """A few AdamW steps of the nano-shaped model (tied head, every Linear quantized): the same weights, scaler
     states and statistics on both roads."""
     torch.manual_seed(0)
@@ -190,31 +219,79 @@ def test_training_steps_of_a_quantized_gpt_are_bit_identical() -> None:
         assert all(same(u, v) for u, v in zip(p.buffers(), q.buffers()))
 
 
-def test_it_steps_aside_where_it_cannot_serve() -> None:
+def test_it_steps_aside_where_it_cannot_serve(node: str) -> None:
     torch.manual_seed(0)
     ql = QuantLinear(nn.Linear(16, 8), "layer", **ROLES["all e4m3"])
     x = torch.randn(3, 16, requires_grad=True)
-    assert type(ql(x).grad_fn).__name__ == "QuantLinearFunctionBackward"
+    assert one_node(ql(x), node)
     with torch.no_grad():
         assert ql(x).grad_fn is None
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert ql(x).dtype == torch.bfloat16  # F.linear under autocast, as before
-    assert type(ql(x.t().contiguous().t()).grad_fn).__name__ != "QuantLinearFunctionBackward"  # non-contiguous
+    wide = torch.randn(16, 3, requires_grad=True)
+    assert type(ql(wide.t()).grad_fn).__name__ == "_QuantGradBackward"  # a non-contiguous input: the module road
     seen = []
     handle = ql.input_q.register_forward_hook(lambda m, args, out: seen.append(out))
     try:
         y = ql(x)  # a hook on a quantizer: the module road, so the hook fires
-        assert len(seen) == 1 and type(y.grad_fn).__name__ != "QuantLinearFunctionBackward"
+        assert len(seen) == 1 and not one_node(y, node)
     finally:
         handle.remove()
 
 
+def test_a_quantizer_off_the_native_road_takes_the_python_node() -> None:
+    """quant.kernel=eager (or any quantizer the kernel cannot serve) still gets one node: the Python one."""
+    torch.manual_seed(0)
+    lin = nn.Linear(16, 8)
+    roles = ROLES["stochastic everywhere"]
+    layer = QuantLinear(copy.deepcopy(lin), "layer", **roles, kernel="eager")
+    ref = ModuleRoad(copy.deepcopy(lin), "layer", **copy.deepcopy(roles), kernel="eager")
+    x0, g = torch.randn(5, 16), torch.randn(5, 8)
+    a, b = run(layer, x0, g, True, 0), run(ref, x0, g, True, 0)
+    assert one_node(a["node"], "python")
+    assert all(same(a[k], b[k]) for k in ("y", "dx", "dw", "db", "rng"))
+
+
 @pytest.mark.parametrize("shape", [(1, 1), (1, 1, 1), (5, 1)])
-def test_one_feature_inputs_take_the_column_major_formula(shape: tuple[int, ...]) -> None:
+def test_one_feature_inputs_take_the_column_major_formula(node: str, shape: tuple[int, ...]) -> None:
     """A (1, 1) folded input counts as column-major for torch's mm_mat1_backward: the other product order."""
     torch.manual_seed(0)
-    node, ref = pair(nn.Linear(1, 7, bias=False), **ROLES["all e4m3"])
+    layer, ref = pair(nn.Linear(1, 7, bias=False), **ROLES["all e4m3"])
     x0, g = torch.randn(*shape), torch.randn(*shape[:-1], 7)
-    a, b = run(node, x0, g, True, 0), run(ref, x0, g, True, 0)
-    assert a["node"] == "QuantLinearFunctionBackward"
+    a, b = run(layer, x0, g, True, 0), run(ref, x0, g, True, 0)
+    assert one_node(a["node"], node)
     assert all(same(a[k], b[k]) for k in ("y", "dx", "dw"))
+
+
+def test_a_change_after_the_first_call_is_seen(node: str) -> None:
+    """The resolution kept on the layer follows later changes: a switch, a new spec, training mode, a deep copy."""
+    torch.manual_seed(0)
+    lin = nn.Linear(16, 8)
+    layer, ref = pair(lin, **ROLES["all e4m3"])
+    x0, g = torch.randn(5, 16) * 100, torch.randn(5, 8)
+
+    def both(what: str) -> None:
+        a, b = run(layer, x0, g, True, 0), run(ref, x0, g, True, 0)
+        assert one_node(a["node"], node), what
+        assert all(same(a[k], b[k]) for k in ("y", "dx", "dw", "db")), what
+        assert all(same(u, v) for u, v in zip(a["buffers"], b["buffers"])), what
+
+    both("first call")
+    for m in (layer, ref):
+        m.input_q.enabled = False
+    both("input quantizer switched off")
+    for m in (layer, ref):
+        m.input_q.enabled = True
+        m.weight_q.spec = spec("e3m4", "delayed")
+        m.weight_q.scaler = make_scaler(m.weight_q.spec.scaling, m.weight_q.spec.format)
+    both("a new weight spec")
+    for m in (layer, ref):
+        m.eval()
+    both("eval mode: no scaler update")
+    for m in (layer, ref):
+        m.train()
+    copied, copied_ref = copy.deepcopy(layer), copy.deepcopy(ref)
+    before = state_of(layer)
+    a, b = run(copied, x0 * 3, g, True, 0), run(copied_ref, x0 * 3, g, True, 0)
+    assert one_node(a["node"], node) and all(same(a[k], b[k]) for k in ("y", "dx", "dw"))
+    assert all(same(u, v) for u, v in zip(state_of(layer), before))  # the copy wrote its own buffers

@@ -10,7 +10,7 @@ import torch
 
 from altgrad.callbacks.fake_quant import FakeQuantCallback
 from altgrad.model import GPT, GPTConfig
-from altgrad.quant import QuantSpec, get_format
+from altgrad.quant import QuantSpec, get_format, native
 from altgrad.quant.fake_quant import Quantizer
 from altgrad.quant.layers import iter_quant_linears
 
@@ -25,9 +25,11 @@ def quantized_model(fmt: dict | None = None) -> GPT:
 
 @pytest.fixture
 def weight_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The roles of every quantizer call made (weights: ``weight``)."""
+    """The roles of every quantizer call made (weights: ``weight``). The native Linear extension is switched off, so
+    that every call, the training road's too, goes through ``quantize_now`` (the C++ node calls the kernel itself)."""
     calls: list[str] = []
     real = Quantizer.quantize_now
+    monkeypatch.setattr(native, "_LINEAR", [None, "switched off by the test"])
 
     def spy(self: Quantizer, x: torch.Tensor, seed: torch.Tensor | None, update: bool) -> torch.Tensor:
         calls.append(self.role)

@@ -268,8 +268,8 @@ def test_a_kernel_choice_that_cannot_serve_fails_in_one_line() -> None:
 
 @needs_native
 def test_a_quantizer_resolves_its_call_once_and_again_when_its_buffers_change() -> None:
-    """The native call plan points into the quantizer's own buffers: a deep copy, a switch of track_stats or a new
-    spec gets a plan of its own, and the results stay the eager road's."""
+    """The native call plan points into the quantizer's own buffers: a deep copy or a new spec gets a plan of its
+    own, a switch of track_stats is written into the same plan, and the results stay the eager road's."""
     import copy
 
     fmt = get_format("e4m3")
@@ -286,10 +286,17 @@ def test_a_quantizer_resolves_its_call_once_and_again_when_its_buffers_change() 
     assert all(torch.equal(a, b) for a, b in zip(q.buffers(), before))  # the copy wrote its own buffers
     assert not torch.equal(c.scaler.amax_history, q.scaler.amax_history)
     q.track_stats = ref.track_stats = False
-    assert q.native_plan() is not plan
+    assert q.native_plan() is plan
+    stats = q.stats.clone()
     for t in (x * 3, x / 5):
         assert_same_bits(q(t).detach(), ref(t).detach().numpy(), what="after a switch")
-    assert all(torch.equal(a, b) for a, b in zip(q.buffers(), ref.buffers()))
+    assert all(torch.equal(a, b) for a, b in zip(q.buffers(), ref.buffers())) and torch.equal(q.stats, stats)
+    q.track_stats = ref.track_stats = True
+    assert q.native_plan() is plan
+    q(x * 7), ref(x * 7)
+    assert all(torch.equal(a, b) for a, b in zip(q.buffers(), ref.buffers())) and not torch.equal(q.stats, stats)
+    q.spec = QuantSpec(get_format("e5m2"), scaling=spec.scaling)
+    assert q.native_plan() is not plan
 
 
 @needs_native
