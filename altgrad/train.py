@@ -1,21 +1,20 @@
-"""`python -m altgrad.train [overrides]`: a thin Hydra entry point over the plain, testable `train(cfg) -> summary`.
+"""The run: `train(cfg) -> summary` (plain and testable) and `main`, the Hydra task of `python -m altgrad.train`.
 
 train() validates the config, checks the checkpoint it resumes and claims its run dir, builds data, model, callbacks,
 loggers and the Lightning Trainer, fits, and always ends by writing `summary.json` atomically in the run dir (status
 completed | diverged | interrupted | failed). Everything it writes goes under `cfg.paths.output_dir` (Hydra's run dir
 by default). Heavy libraries load inside the functions that need them, so a mistyped override is reported within a
-second, before torch or Lightning is imported. docs/faults.md: interrupts, shared folders, resumes, bad inputs.
+second, before torch or Lightning is imported. The command line around it (pre-checks, console report, resume command,
+log filters) is `altgrad.train_cli`. docs/faults.md: interrupts, shared folders, resumes, bad inputs.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 import math
 import sys
 import time
-import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,7 +33,6 @@ if TYPE_CHECKING:
     from altgrad.module import AltGradModule
     from altgrad.resume_check import ResumePlan
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 SUMMARY = "summary.json"
 
 
@@ -238,6 +236,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     from altgrad.preflight import check_step_memory
     from altgrad.resume_check import plan_resume
     from altgrad.run_dir import claim, resumes_here
+    from altgrad.train_cli import quiet_lightning, resume_command
 
     run = validate(cfg)
     run_dir = run.run_dir
@@ -260,7 +259,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         import lightning as L
         import torch
 
-        _quiet_lightning()
+        quiet_lightning()
         L.seed_everything(run.seed, workers=True, verbose=False)
         torch.set_float32_matmul_precision(run.trainer.matmul_precision)
         if run.trainer.keep_freed_memory:
@@ -353,28 +352,6 @@ def _saved_step(trainer: Any) -> int:
     return -1
 
 
-def resume_command(cfg: DictConfig, run_dir: Path) -> str:
-    """The command line that resumes this run in its own folder (the same overrides, plus where to resume)."""
-    import shlex
-
-    overrides: list[str] = []
-    try:
-        from hydra.core.hydra_config import HydraConfig
-        from hydra.types import RunMode
-
-        if HydraConfig.initialized():
-            hc = HydraConfig.get()
-            if hc.mode == RunMode.MULTIRUN:
-                return (f"rerun the sweep's command with hydra.sweep.dir={shlex.quote(hc.sweep.dir)} "
-                        "+resume_sweep=true")
-            overrides = [o for o in hc.overrides.task
-                         if o.split("=", 1)[0].lstrip("+~") not in ("ckpt_path", "hydra.run.dir")]
-    except (ImportError, ValueError):
-        pass
-    words = ["python", "-m", "altgrad.train", *overrides, f"ckpt_path={run_dir}", f"hydra.run.dir={run_dir}"]
-    return " ".join(shlex.quote(w) for w in words)
-
-
 def _finish_wandb(failed: bool) -> None:
     """Close the W&B run, so the next job of a multirun starts its own."""
     wandb = sys.modules.get("wandb")
@@ -382,44 +359,7 @@ def _finish_wandb(failed: bool) -> None:
         wandb.finish(exit_code=1 if failed else 0)
 
 
-class _DropTips(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "Tip:" not in record.getMessage()
-
-
-def _quiet_lightning() -> None:
-    """Lightning's console lines once (not again through Hydra's root handler), without advertising tips or
-    warnings that do not apply to this bench."""
-    lightning_logger = logging.getLogger("lightning")
-    if lightning_logger.handlers:
-        lightning_logger.propagate = False
-        for handler in lightning_logger.handlers:
-            if not any(isinstance(f, _DropTips) for f in handler.filters):
-                handler.addFilter(_DropTips())
-    # Our training stream is an endless, resumable IterableDataset built in the main process on purpose.
-    warnings.filterwarnings("ignore", message=r".*does not have many workers.*")
-    warnings.filterwarnings("ignore", message=r".*resuming from a checkpoint that ended before the epoch ended.*")
-    # The run dir already holds .hydra/ when the CSV logger starts; it only ever writes metrics.csv/hparams.yaml.
-    warnings.filterwarnings("ignore", message=r".*Experiment logs directory .* exists and is not empty.*")
-    # Lightning 2.6.6's utilities/_pytree.py uses torch's LeafSpec, which torch 2.13 deprecates with a warning:
-    # remove this filter once the Lightning in use no longer triggers it.
-    warnings.filterwarnings("ignore", message=r".*treespec, LeafSpec.*")
-
-
-def _report(summary: dict[str, Any], run_dir: Path) -> None:
-    lines = [f"status: {summary['status']}  steps: {summary['steps']}  wall: {summary['wall_seconds']:.0f} s"]
-    for key in ("initial_val_loss", "final_val_loss", "best_val_loss"):
-        if summary.get(key) is not None:
-            lines.append(f"{key}: {summary[key]:.4f}")
-    if summary.get("tokens_per_second"):
-        lines.append(f"tokens/s: {summary['tokens_per_second']:.0f}")
-    if summary.get("sample"):
-        lines.append("sample:\n" + summary["sample"])
-    lines.append(f"run dir: {run_dir}")
-    print("\n".join(lines), flush=True)
-
-
-# --- command line ------------------------------------------------------------------------------------------------
+# --- the Hydra task ----------------------------------------------------------------------------------------------
 @hydra.main(version_base="1.3", config_path="../conf", config_name="train")
 def main(cfg: DictConfig) -> None:
     """Hydra task: one job of `python -m altgrad.train` (or of a `-m` multirun)."""
@@ -431,6 +371,7 @@ def main(cfg: DictConfig) -> None:
     from altgrad.quant.layer_map import LayerMapError
     from altgrad.run_dir import EXIT_CODE, RunDirError
     from altgrad.sweep.resume import interrupted_run, skip_finished
+    from altgrad.train_cli import console_report, interrupt_line
 
     try:
         if skip_finished(cfg):  # +resume_sweep=true: this job finished in an earlier run of the same sweep
@@ -447,78 +388,18 @@ def main(cfg: DictConfig) -> None:
         if HydraConfig.get().mode == RunMode.RUN:
             raise SystemExit(EXIT_CODE if isinstance(err, RunDirError) else 1) from None
         raise
-    _report(summary, Path(cfg.paths.output_dir))
+    console_report(summary, Path(cfg.paths.output_dir))
     if summary["status"] == "interrupted":
         # A result, like a divergence, but the process ends as the signal asked (128 + signal): a scheduler can
         # requeue it and a sweep stops here.
-        print(_interrupt_line(summary), file=sys.stderr, flush=True)
+        print(interrupt_line(summary), file=sys.stderr, flush=True)
         forward = GUARD.handler_before(summary["signal"])
         if forward is not None:  # e.g. submitit's requeue on its timeout signal, now that the checkpoint is saved
             forward(summary["signal"], None)
         raise SystemExit(exit_code(summary["signal"]))
 
 
-def _interrupt_line(summary: dict[str, Any]) -> str:
-    head = f"interrupted by {summary['interrupted_by']} at step {summary['steps']}"
-    if summary.get("checkpoint"):
-        saved = ("checkpoint saved" if summary["checkpoint_step"] == summary["steps"]
-                 else f"last checkpoint at step {summary['checkpoint_step']}")
-        return f"{head}; {saved}; resume with: {summary['resume_command']}"
-    return f"{head}; nothing trained yet, so no checkpoint: rerun the same command to start again"
-
-
-def _check_run_dir(args: list[str]) -> None:
-    """A single run with an explicit hydra.run.dir: refuse a folder that is taken before Hydra writes into it."""
-    from altgrad.run_dir import EXIT_CODE, RunDirError, probe, writable
-
-    given = dict(a.split("=", 1) for a in args if "=" in a and not a.startswith(("+", "~")))
-    sweep = any(a in ("-m", "--multirun") for a in args) or "experiment" in given
-    # A sweep's job dirs are checked per job (and +resume_sweep resumes or skips what a folder holds): here only
-    # whether the folder, or the default one's root, can be written at all.
-    root = given.get("hydra.sweep.dir" if sweep else "hydra.run.dir") or ("multirun" if sweep else "outputs")
-    if "${" not in root and not writable(Path(root)):
-        key = "hydra.sweep.dir" if sweep else "hydra.run.dir"
-        print(f"error: {root} cannot be written (permission denied or not a folder); give a writable {key}",
-              file=sys.stderr, flush=True)
-        raise SystemExit(EXIT_CODE)
-    run_dir = given.get("hydra.run.dir")
-    if sweep or any(a.startswith("+resume_sweep=") for a in args) or not run_dir or "${" in run_dir:
-        return
-    try:
-        ckpt = resolve_checkpoint(given["ckpt_path"]) if given.get("ckpt_path") not in (None, "null") else None
-    except ConfigError:
-        ckpt = None  # reported by train() with the rest of the config
-    try:
-        probe(Path(run_dir), ckpt)
-    except RunDirError as err:
-        print(f"error: {err}", file=sys.stderr, flush=True)
-        raise SystemExit(EXIT_CODE) from None
-
-
-def cli(argv: list[str] | None = None) -> None:
-    """Check the overrides (one readable line on error, exit 2), then hand over to Hydra."""
-    from altgrad.interrupts import GUARD, RunInterrupted, exit_code, signal_name
-    from altgrad.preflight import check_overrides
-
-    GUARD.install()  # a signal during start-up ends with one line, not a traceback
-    args = sys.argv[1:] if argv is None else argv
-    try:
-        message = check_overrides(args, CONF_DIR)
-        if message:
-            print(f"error: {message}", file=sys.stderr, flush=True)
-            raise SystemExit(2)
-        _check_run_dir(args)
-        main()
-    except RunInterrupted as err:
-        name = signal_name(err.signum)
-        if any(a in ("-m", "--multirun") for a in args):
-            line = (f"interrupted by {name} outside a job's training: nothing to save there; resume the sweep with "
-                    "hydra.sweep.dir=<its folder> +resume_sweep=true")
-        else:
-            line = f"interrupted by {name} during start-up, before training: nothing to save; rerun to start"
-        print(line, file=sys.stderr, flush=True)
-        raise SystemExit(exit_code(err.signum)) from None
-
-
 if __name__ == "__main__":
-    cli()
+    from altgrad.train_cli import cli
+
+    cli(main)
