@@ -33,6 +33,8 @@ def resume_command(cfg: DictConfig, run_dir: Path) -> str:
         if HydraConfig.initialized():
             hc = HydraConfig.get()
             if hc.mode == RunMode.MULTIRUN:
+                if COMMAND_ARGS is not None:
+                    return sweep_resume_command(COMMAND_ARGS, hc.sweep.dir)
                 return (f"rerun the sweep's command with hydra.sweep.dir={shlex.quote(hc.sweep.dir)} "
                         "+resume_sweep=true")
             overrides = [o for o in hc.overrides.task
@@ -93,6 +95,34 @@ def quiet_lightning() -> None:
 
 
 # --- before Hydra ------------------------------------------------------------------------------------------------
+# Hydra's flags that take the next word as their value.
+_VALUE_FLAGS = ("-cp", "--config-path", "-cn", "--config-name", "-cd", "--config-dir", "-c", "--cfg", "-p",
+                "--package", "--experimental-rerun", "-i", "--info", "-sc", "--shell-completion")
+
+
+def command_line_problem(args: list[str], conf_dir: Path = CONF_DIR) -> str | None:
+    """One line for the command-line mistakes Hydra reports badly (a traceback, or a parser message without a hint):
+    a config group set to null, and a word that is no override (an unquoted value with a space, split by the shell).
+    None when there is none."""
+    groups = sorted(p.name for p in conf_dir.iterdir() if p.is_dir() and not p.name.startswith(("_", ".")))
+    for k, arg in enumerate(args):
+        if arg.startswith("-") or (k > 0 and args[k - 1] in _VALUE_FLAGS):
+            continue
+        key, sep, value = arg.partition("=")
+        if not sep:
+            before = args[k - 1] if k > 0 else ""
+            if "=" in before and not before.startswith("-"):
+                return (f"{arg!r} is not an override (key=value): if it is the rest of {before!r}, a value with a "
+                        f"space must be quoted, e.g. {shlex.quote(before + ' ' + arg)}")
+            return f"{arg!r} is not an override (key=value) or a flag; e.g. trainer.max_steps=100"
+        group = key.lstrip("+")
+        if group in groups and value.strip().lower() in ("null", "none", "~", ""):
+            options = sorted(p.stem for p in (conf_dir / group).glob("*.yaml"))
+            return (f"{group}={value} names no option of the {group} group; valid: {', '.join(options)}"
+                    + (" (or leave it out)" if group == "experiment" else ""))
+    return None
+
+
 def check_run_dir(args: list[str]) -> None:
     """A single run with an explicit hydra.run.dir: refuse a folder that is taken before Hydra writes into it."""
     from altgrad.run_dir import EXIT_CODE, RunDirError, probe, writable
@@ -121,16 +151,33 @@ def check_run_dir(args: list[str]) -> None:
         raise SystemExit(EXIT_CODE) from None
 
 
+def sweep_resume_command(args: list[str], sweep_dir: str | Path) -> str:
+    """The sweep's command again, in its folder and with +resume_sweep=true (what continues an interrupted sweep)."""
+    keep = [a for a in args if a.split("=", 1)[0].lstrip("+~") not in ("hydra.sweep.dir", "resume_sweep")]
+    words = ["python", "-m", "altgrad.train", *keep, f"hydra.sweep.dir={sweep_dir}", "+resume_sweep=true"]
+    return " ".join(shlex.quote(w) for w in words)
+
+
+COMMAND_ARGS: list[str] | None = None
+"""The command line `cli` runs (None in a process that did not start from it: a parallel launcher's worker)."""
+
+
 def cli(task: Callable[[], Any] | None = None, argv: list[str] | None = None) -> None:
     """Check the overrides (one readable line on error, exit 2), then hand over to Hydra (`task`: the Hydra main,
-    `altgrad.train.main` by default)."""
+    `altgrad.train.main` by default). A parallel sweep stopped by a signal or a refusal ends here (exit 128 +
+    signal, or 2) once its workers are done."""
+    global COMMAND_ARGS
     from altgrad.interrupts import GUARD, RunInterrupted, exit_code, signal_name
     from altgrad.preflight import check_overrides
+    from altgrad.run_dir import EXIT_CODE
+    from altgrad.sweep import naming, stop  # noqa: F401  (naming registers the job-dir resolver of the sweep configs)
 
     GUARD.install()  # a signal during start-up ends with one line, not a traceback
     args = sys.argv[1:] if argv is None else argv
+    COMMAND_ARGS = list(args)
+    multirun = any(a in ("-m", "--multirun") for a in args)
     try:
-        message = check_overrides(args, CONF_DIR)
+        message = command_line_problem(args) or check_overrides(args, CONF_DIR)
         if message:
             print(f"error: {message}", file=sys.stderr, flush=True)
             raise SystemExit(2)
@@ -139,11 +186,28 @@ def cli(task: Callable[[], Any] | None = None, argv: list[str] | None = None) ->
             from altgrad.train import main as task
         task()
     except RunInterrupted as err:
+        state = stop.ACTIVE
+        stop.finish()
         name = signal_name(err.signum)
-        if any(a in ("-m", "--multirun") for a in args):
-            line = (f"interrupted by {name} outside a job's training: nothing to save there; resume the sweep with "
-                    "hydra.sweep.dir=<its folder> +resume_sweep=true")
+        if multirun or state is not None:
+            where = state.sweep_dir if state is not None else "<its folder>"
+            line = (f"interrupted by {name} outside a job's training: nothing to save there; resume the sweep with: "
+                    + sweep_resume_command(args, where))
         else:
             line = f"interrupted by {name} during start-up, before training: nothing to save; rerun to start"
         print(line, file=sys.stderr, flush=True)
         raise SystemExit(exit_code(err.signum)) from None
+    except BaseException:
+        stop.finish()
+        raise
+    state = stop.ACTIVE
+    outcome = stop.finish()
+    if outcome is None:
+        return
+    kind, signum = outcome
+    if kind == stop.REFUSED:
+        raise SystemExit(EXIT_CODE)  # the refusing job said why
+    print(f"interrupted by {signal_name(signum)}: the sweep's running jobs stopped with their checkpoints and the "
+          f"others did not start; resume with: {sweep_resume_command(args, state.sweep_dir)}", file=sys.stderr,
+          flush=True)
+    raise SystemExit(exit_code(signum))

@@ -26,6 +26,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from altgrad.report.cells import mixed_configurations, setup_differences
 from altgrad.report.endpoint import Contrast, Endpoint, parse_endpoint
 from altgrad.report.load import Job
 from altgrad.report.order import FORMAT_ORDER, REFERENCE_FORMATS, rank
@@ -170,9 +171,15 @@ def build_arm(fmt: str, label: str, jobs: Sequence[Job], ep: Endpoint, fallback_
         if v is not None and job.seed is not None:
             per_seed.setdefault(job.seed, []).append(v)
     lrs = tuple(sorted({j.lr for j in jobs if j.lr is not None}))
+    mixed = mixed_configurations([j for j in jobs if j.config])
     if len(lrs) > 1:
         notes.append(f"{fmt} {label} ran {len(lrs)} learning rates ({', '.join(f'{x:g}' for x in lrs)}); the "
                      "declared analysis needs one per arm (tune on separate seeds), so this arm is left out")
+        per_seed = {}
+    elif mixed:
+        shown = ", ".join(mixed[:4]) + (f", … ({len(mixed)} keys)" if len(mixed) > 4 else "")
+        notes.append(f"{fmt} {label} pools runs of different configurations (they differ in {shown}); the declared "
+                     "analysis needs one configuration per arm, so this arm is left out")
         per_seed = {}
     return Arm(fmt, label, tuple(jobs), {s: math.fsum(v) / len(v) for s, v in per_seed.items()}, failures,
                no_result, lrs, tuple(notes))
@@ -227,6 +234,10 @@ def analyse(ep: Endpoint, jobs: Sequence[Job], same_grid: SameGrid | None = None
                 why = f"no {contrast.treatment} runs"
             elif r is None or not r.jobs:
                 why = f"no {contrast.reference} runs"
+            else:
+                apart = setup_differences([*t.jobs, *r.jobs])
+                if apart:
+                    why = "the arms ran different setups (" + ", ".join(apart[:4]) + ")"
             deltas = {} if why else {s: t.values[s] - r.values[s] for s in t.values if s in r.values}
             if why is None and len(deltas) < 2:
                 why = f"{len(deltas)} seed pair(s)"
