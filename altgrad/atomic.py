@@ -45,6 +45,10 @@ def write_with(path: PathLike, write: Callable[[Path], Any], mode: int | None = 
         if mode is not None:
             os.chmod(tmp, mode)
         os.replace(tmp, target)
+    except OSError as err:
+        if err.filename is None or str(err.filename) == str(tmp):  # name the file the caller meant
+            raise OSError(err.errno, err.strerror, str(target)) from None
+        raise
     finally:
         tmp.unlink(missing_ok=True)
     return target

@@ -306,11 +306,15 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         if run_claim.fresh:
             record_job(run_dir, cfg)  # a new folder says at once what it is for, even if a check below refuses it
         datamodule = prepare(run, cfg)
-    except BaseException:
+    except BaseException as err:
         if run_claim is not None:
             run_claim.release()
         if installed:
             GUARD.uninstall()
+        if isinstance(err, OSError) and err.errno in STORAGE_ERRNOS:  # e.g. the token cache on a full disk
+            where = f" {err.filename}" if err.filename else " a file"
+            raise StorageError(f"cannot write{where} ({err.strerror}) while preparing the run; nothing of the run "
+                               "was written: free the disk (or make the folder writable) and rerun") from None
         raise
     # From here the folder is this run's: its record is written, whatever happens.
     run_claim.commit()
@@ -410,8 +414,12 @@ def _storage_line(err: OSError, step: int, run_dir: Path, unwritten: OSError | N
     target = f" {err.filename}" if err.filename else " a file"
     record = ("summary.json records the failure" if unwritten is None
               else f"summary.json could not be written either ({unwritten.strerror})")
-    return (f"run dir {run_dir}: cannot write{target} at step {step} ({err.strerror}); {record}; the last checkpoint "
-            "written before is intact: free the disk (or make the folder writable) and resume it")
+    if (run_dir / "checkpoints" / "last.ckpt").is_file():
+        then = ("the last checkpoint written before is intact: free the disk (or make the folder writable) and resume "
+                f"with ckpt_path={run_dir} hydra.run.dir={run_dir}")
+    else:
+        then = "no checkpoint was written yet: free the disk (or make the folder writable) and rerun"
+    return f"run dir {run_dir}: cannot write{target} at step {step} ({err.strerror}); {record}; {then}"
 
 
 def _fit(trainer: L.Trainer, module: AltGradModule, datamodule: Any, ckpt_path: str | None) -> None:

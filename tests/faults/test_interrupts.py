@@ -246,7 +246,8 @@ def test_a_sweep_that_a_resume_check_refuses_changes_nothing_and_starts_no_job(t
     assert result.returncode == 2, result.stderr[-3000:]
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and "Traceback" not in result.stderr + result.stdout
-    assert errors[0].startswith(f"error: resume_sweep: {sweep_dir / '0' / 'summary.json'} holds a completed run of another "
-                                "configuration (trainer.max_steps: 3 → 5); nothing was changed and no further job")
+    assert errors[0].startswith(f"error: resume_sweep: {sweep_dir / '0' / 'summary.json'} holds a completed run of "
+                                "another configuration (trainer.max_steps: 3 → 5); nothing was changed and no further "
+                                "job")
     after = {p: p.read_bytes() for p in sweep_dir.rglob("*") if p.is_file()}
     assert after == before
