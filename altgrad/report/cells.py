@@ -225,7 +225,9 @@ def varying_fields(cells: Sequence[Cell], fields: Sequence[str] = CELL_FIELDS) -
     config only where two cells agree on every other field shown (the label then tells them apart)."""
     shown = [f for f in fields if f not in HASHED_FIELDS and (f in SHOWN_ALWAYS or len({c[f] for c in cells}) > 1)]
     for hashed in (f for f in HASHED_FIELDS if f in fields):
-        rest = [f for f in fields if f != hashed and f not in HASHED_FIELDS]
+        # config is set apart against cells of the same setup: a differing setup already differs in config
+        rest = [f for f in fields if f != hashed
+                and (f not in HASHED_FIELDS or HASHED_FIELDS.index(f) < HASHED_FIELDS.index(hashed))]
         seen: dict[tuple, set[Any]] = {}
         for c in cells:
             seen.setdefault(tuple(c[f] for f in rest), set()).add(c[hashed])
