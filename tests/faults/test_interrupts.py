@@ -126,7 +126,8 @@ def test_the_requeue_recipe_starts_resumes_and_then_skips(tmp_path: Path, offlin
 
 
 # --- every moment can be continued or finished by the printed command ---------------------------------------------
-@pytest.mark.parametrize("hook,step", [("on_train_end", None), ("on_validation_start", STRAIGHT_STEPS)])
+@pytest.mark.parametrize("hook,step", [("on_train_end", None),
+                                       pytest.param("on_validation_start", STRAIGHT_STEPS, marks=pytest.mark.slow)])
 def test_a_signal_after_the_last_step_is_finished_by_the_printed_command(hook: str, step: int | None, tmp_path: Path,
                                                                          straight: Path,
                                                                          offline_env: dict[str, str]) -> None:
