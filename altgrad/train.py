@@ -173,6 +173,7 @@ def base_summary(run: RunConfig) -> dict[str, Any]:
         "master": run.quant.master,
         "storage_rounding": run.quant.storage_rounding,
         "experiment": run.experiment_name,
+        "arm": OmegaConf.select(run.composed, "arm"),  # a study arm's name (conf/arm/), else None
         "run_name": run.run_name,
         "diverged_at_step": None,
         "divergence_cause": None,
@@ -324,9 +325,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     previous = _previous_summary(run_dir) if in_place else {}
     summary = base_summary(run)
     summary["code"] = code
-    data_files = getattr(datamodule, "data_files", None)
-    if isinstance(data_files, dict):
-        summary["data_files"] = dict(data_files)
+    data_files = getattr(datamodule, "data_files", None)  # sha256 of each data file (None: generated or hub data)
+    summary["data_files"] = dict(data_files) if isinstance(data_files, dict) else None
     if plan is not None:
         summary.update(resumed_from=ckpt_path, resumed_at_step=plan.step, resumed_in_place=in_place)
         if plan.differences:
