@@ -49,8 +49,9 @@ LOCATION_KEYS = (
 # everything else under trainer (precision, compile, devices, clipping, ...).
 SEED_KEY = "seed"
 """Every key named seed (seed, data.seed, callbacks.*.seed): what tells the replicates of one cell apart."""
-COMPARED_KEYS = ("optimizer", "baseline", "quant.master", "quant.storage_rounding")
-"""What a cell's setup leaves out: the optimizer arm (AdamW's lr is baseline.lr) and the weight storage."""
+COMPARED_KEYS = ("arm", "optimizer", "baseline", "quant.master", "quant.storage_rounding")
+"""What a cell's setup leaves out: the arm (its name, the optimizer, AdamW's lr in baseline.lr) and the weight
+storage: what the report compares within one setup."""
 
 
 def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
