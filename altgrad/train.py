@@ -273,6 +273,8 @@ def prepare(run: RunConfig, cfg: DictConfig) -> Any:
     if run.trainer.keep_freed_memory:
         keep_freed_memory()
     datamodule = hydra.utils.instantiate(cfg.data, _convert_="all")
+    if hasattr(datamodule, "prepare_data"):
+        datamodule.prepare_data()  # tokens cached (or a data problem said) before the run writes anything
     check_vocab(run, datamodule.vocab_size)
     check_step_memory(run, datamodule.vocab_size)
     return datamodule

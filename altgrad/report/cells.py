@@ -47,6 +47,8 @@ LOCATION_KEYS = (
 # Deliberately NOT location keys: trainer.val_check_interval (best_val_loss is the minimum over the validations run,
 # and a divergence is caught at one), trainer.log_every_n_steps (the instruments' interval interpolates it), and
 # everything else under trainer (precision, compile, devices, clipping, ...).
+DATA_LOCATIONS = ("data.path", "data.dir")
+"""Where a data source reads its files (data=local, data=folder): not identity once the files' sha256 are recorded."""
 SEED_KEY = "seed"
 """Every key named seed (seed, data.seed, callbacks.*.seed): what tells the replicates of one cell apart."""
 COMPARED_KEYS = ("arm", "optimizer", "baseline", "quant.master", "quant.storage_rounding")
@@ -84,8 +86,8 @@ def configuration(job: Job) -> dict[str, Any]:
         paths = [str(p) for p in files]
         for key in [k for k, v in out.items() if k.startswith("data.") and isinstance(v, str)]:
             where = out[key].rstrip("/")
-            if where and any(p == where or p.startswith(where + "/") for p in paths):
-                del out[key]  # a file or folder the recorded files were read from
+            if key in DATA_LOCATIONS or (where and any(p == where or p.startswith(where + "/") for p in paths)):
+                del out[key]  # the folder or files the recorded files were read from
         out["data_files"] = sorted((os.path.basename(str(p)), str(sha)) for p, sha in files.items())
     return out
 

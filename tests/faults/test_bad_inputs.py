@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import resource
 import signal
 import subprocess
@@ -32,6 +33,9 @@ def files(tmp_path_factory: pytest.TempPathFactory, offline_env: dict[str, str])
     (root / "empty.txt").write_bytes(b"")
     (root / "binary.txt").write_bytes(b"legal text \xff\xfe\x00\x9e more")
     (root / "a_file").write_text("not a folder")
+    (root / "blank.txt").write_text("\n\n\n")
+    os.symlink(root / "loop_b.txt", root / "loop.txt")
+    os.symlink(root / "loop.txt", root / "loop_b.txt")
     return root
 
 
@@ -97,6 +101,11 @@ CASES = {
     "a config group set to null": (lambda r: _corpus("format=null"), "format=null names no option of the format group"),
     "an unquoted path with a space": (lambda r: [*QUICK, "data=local", f"data.path={r}/my", "corpus.txt"],
                                       "a value with a space must be quoted, e.g."),
+    "a data file of only newlines": (lambda r: [*QUICK, "data=local", "data.tokenizer=bytes",
+                                                f"data.path={r / 'blank.txt'}"],
+                                     "data=local: the source holds no text (every line is blank)"),
+    "a .txt symbolic link loop": (lambda r: [*QUICK, "data=local", f"data.path={r / 'loop.txt'}"],
+                                  "loop.txt cannot be read (Too many levels of symbolic links)"),
 }
 GPU_CASES = ("resume in place on a device this machine lacks", "trainer=gpu without a GPU")
 

@@ -122,6 +122,10 @@ def test_data_is_identified_by_its_files_sha256_not_its_folder() -> None:
     assert len(group_cells(moved)) == 1
     assert "data.path" not in configuration(moved[0]) and ("train.txt", "aa11") in configuration(moved[0])["data_files"]
     assert len(group_cells([*moved, job(3, 3.2, name="c", data_files=edited, data__path="/home/a/eurlex")])) == 2
+    # data=folder records file names: the folder (data.dir) is where, the names and contents are what
+    folder = {"train.txt": "aa11", "validation.txt": "bb22"}
+    assert len(group_cells([job(1, 3.0, name="f1", data_files=folder, data__dir="/work/shared/data/eurlex-en"),
+                            job(2, 3.1, name="f2", data_files=folder, data__dir="/mnt/eurlex-en")])) == 1
 
 
 def test_a_custom_grid_is_never_pooled_with_its_preset() -> None:
