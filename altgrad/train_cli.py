@@ -116,7 +116,8 @@ def command_line_problem(args: list[str], conf_dir: Path = CONF_DIR) -> str | No
                         f"space must be quoted, e.g. {shlex.quote(before + ' ' + arg)}")
             return f"{arg!r} is not an override (key=value) or a flag; e.g. trainer.max_steps=100"
         group = key.lstrip("+")
-        if group in groups and value.strip().lower() in ("null", "none", "~", ""):
+        if group in groups and value.strip().lower() in ("null", "~", "") \
+                and not (conf_dir / group / f"{value.strip()}.yaml").is_file():
             options = sorted(p.stem for p in (conf_dir / group).glob("*.yaml"))
             return (f"{group}={value} names no option of the {group} group; valid: {', '.join(options)}"
                     + (" (or leave it out)" if group == "experiment" else ""))
