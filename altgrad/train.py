@@ -311,6 +311,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         datamodule = prepare(run, cfg)
     except BaseException as err:
         if run_claim is not None:
+            if run_claim.fresh:  # the folder is this run's own: say what stopped it (a report lists it as such)
+                _record_start_failure(run, run_dir, code, err)
             run_claim.release()
         if installed:
             GUARD.uninstall()
@@ -409,6 +411,24 @@ def train(cfg: DictConfig) -> dict[str, Any]:
                            f"{summary['status']} at step {summary['steps']} but its record is lost; free the disk "
                            "(or make the folder writable) and resume or rerun it") from None
     return _plain(summary)  # exactly what summary.json holds
+
+
+def _record_start_failure(run: RunConfig, run_dir: Path, code: dict[str, Any], err: BaseException) -> None:
+    """summary.json of a run stopped before training in a folder of its own: failed with its error, or interrupted
+    with nothing trained (so the same command starts it again)."""
+    from altgrad.interrupts import RunInterrupted, signal_name
+
+    try:
+        summary = base_summary(run)
+        summary["code"] = code
+        if isinstance(err, RunInterrupted):
+            summary.update(status="interrupted", interrupted_by=signal_name(err.signum), signal=int(err.signum),
+                           interrupted_at_step=0, checkpoint=None, checkpoint_step=None, resume_command=None)
+        else:
+            summary.update(status="failed", error=f"{type(err).__name__}: {err}")
+        write_summary(run_dir, summary)
+    except Exception:  # noqa: BLE001 (a full disk, say: the error being raised still says what stopped the run)
+        pass
 
 
 def _storage_line(err: OSError, step: int, run_dir: Path, unwritten: OSError | None) -> str:
