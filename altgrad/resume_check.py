@@ -24,8 +24,8 @@ RECORD = "altgrad"  # the checkpoint key LastCheckpoint writes: {"config": resol
 # What shapes a checkpoint's state; everything else (steps, intervals, paths, loggers, callbacks) may change.
 STATE_KEYS = ("seed", "model", "format", "layer_map", "quant.master", "quant.storage_rounding", "optimizer", "data",
               "trainer.accumulate_grad_batches")
-# Below STATE_KEYS, keys that say where data is cached or how it is loaded, not what it is.
-NOT_STATE = ("data.cache_dir", "data.num_workers")
+# Below STATE_KEYS, keys that say where data is cached or how it is loaded, not what it is, or how a run is named.
+NOT_STATE = ("data.cache_dir", "data.num_workers", "format.label")
 OVERRIDE = "resume_with_new_config"
 # The model's tensor shapes (and what the weights mean): never overridable, the weights would not fit.
 SHAPE_KEYS = ("model.block_size", "model.vocab_size", "model.n_layer", "model.n_head", "model.n_embd", "model.bias")

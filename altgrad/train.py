@@ -151,8 +151,9 @@ def build_module(run: RunConfig, vocab_size: int) -> AltGradModule:
 # --- summary -----------------------------------------------------------------------------------------------------
 def base_summary(run: RunConfig) -> dict[str, Any]:
     """The summary fields known before training; train() fills in the results. `format` names the grid the run
-    trains on (`format=e4m3 format.mbits=20` runs e4m20: altgrad.quant.layer_map.format_label)."""
-    from altgrad.quant.layer_map import format_label
+    trains on (`format=e4m3 format.mbits=20` runs e4m20: altgrad.quant.layer_map.custom_grid_name), else the
+    format option's label (bf16_ref)."""
+    from altgrad.quant.layer_map import custom_grid_name
 
     return {
         "status": "completed",
@@ -163,7 +164,7 @@ def base_summary(run: RunConfig) -> dict[str, Any]:
         "tokens_per_second": None,
         "wall_seconds": None,
         "seed": run.seed,
-        "format": format_label(run.composed.format) or run.format.name,
+        "format": custom_grid_name(run.composed.format) or run.format_label,
         "optimizer": run.optimizer.name,
         "optimizer_label": run.optimizer_label,
         "layer_map": run.layer_map.name,

@@ -24,3 +24,18 @@ def offline_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
         "HF_HOME": str(root / "hf_home"),
         "HYDRA_FULL_ERROR": "0",
     }
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--eurlex", default=None, metavar="DIR",
+                     help="the eurlex-en folder (docs/data.md): rerun committed study-2 records and match them "
+                          "(make test EURLEX=DIR)")
+
+
+@pytest.fixture(scope="session")
+def eurlex(request: pytest.FixtureRequest) -> str:
+    """The eurlex-en folder given with --eurlex; tests that need the real text skip without it."""
+    folder = request.config.getoption("--eurlex")
+    if not folder:
+        pytest.skip("needs the eurlex-en files: run with --eurlex DIR (make test EURLEX=DIR)")
+    return str(folder)

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from altgrad.optim.adam import hyper_tensor, init_adam_state
-from altgrad.optim.base import PLAIN_BETAS, PLAIN_EPS, PLAIN_LR, QuantAwareOptimizer
+from altgrad.optim.base import QuantAwareOptimizer
 from altgrad.optim.grid_walk import check_walkable, grid_adam_step_, grid_move_
 from altgrad.optim.stiffness import Grid
 from altgrad.quant.compiled import fused
@@ -56,9 +56,9 @@ class GridOptim(QuantAwareOptimizer):
         weight_decay: float = 0.0,
         seed: int | None = None,
         grids: Mapping[Tensor, Grid] | None = None,
-        plain_lr: float = PLAIN_LR,
-        plain_betas: tuple[float, float] = PLAIN_BETAS,
-        plain_eps: float = PLAIN_EPS,
+        plain_lr: float | None = None,
+        plain_betas: tuple[float, float] | None = None,
+        plain_eps: float | None = None,
         plain_weight_decay: float | None = None,
     ) -> None:
         if lr <= 0:

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from altgrad.optim.adam import adamw_step_, init_adam_state
-from altgrad.optim.base import PLAIN_BETAS, PLAIN_EPS, PLAIN_LR, QuantAwareOptimizer
+from altgrad.optim.base import QuantAwareOptimizer
 from altgrad.optim.stiffness import Grid
 from altgrad.quant.compiled import compile_enabled, fused
 
@@ -37,9 +37,9 @@ class RelativeAdamW(QuantAwareOptimizer):
         eps: float = 1e-8,
         weight_decay: float = 0.0,
         grids: Mapping[Tensor, Grid] | None = None,
-        plain_lr: float = PLAIN_LR,
-        plain_betas: tuple[float, float] = PLAIN_BETAS,
-        plain_eps: float = PLAIN_EPS,
+        plain_lr: float | None = None,
+        plain_betas: tuple[float, float] | None = None,
+        plain_eps: float | None = None,
         plain_weight_decay: float | None = None,
     ) -> None:
         if lr <= 0:

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from altgrad.atomic import is_temporary
 from altgrad.interrupts import InterruptGuard, RunInterrupted
 from altgrad.provenance import code_state
-from altgrad.quant.layer_map import format_label
+from altgrad.quant.layer_map import custom_grid_name
 from altgrad.sweep import stop
 from altgrad.sweep.naming import MAX_BYTES, job_dirname
 from altgrad.train_cli import command_line_problem, sweep_resume_command
@@ -70,13 +70,13 @@ def test_job_dirs_named_by_a_path_do_not_nest() -> None:
 
 # --- what a run records ---------------------------------------------------------------------------------------------
 def test_a_custom_grid_is_named_by_its_fields() -> None:
-    assert format_label({"name": "e4m3"}) == "e4m3"
-    assert format_label({"name": "e4m3", "mbits": 20, "ebits": None}) == "e4m20"  # not e4m3: a 25-bit grid
-    assert format_label({"name": "e4m3", "mbits": 20, "bias": 3}) == "e4m20b3"
-    assert format_label({"name": "e3m4", "bias": 3, "policy": "ieee"}) == "e3m4b3-ieee"
-    assert format_label({"name": "e4m3", "ebits": 5, "mbits": 2}) == "e5m2b7-fn"  # not the e5m2 preset's grid
-    assert format_label({"name": "e4m3", "ebits": 5, "mbits": 2, "bias": 15, "policy": "ieee"}) == "e5m2"  # it is
-    assert format_label({"name": "fp32"}) == "fp32"
+    assert custom_grid_name({"name": "e4m3"}) is None  # the preset itself: the run records its option's label
+    assert custom_grid_name({"name": "e4m3", "mbits": 20, "ebits": None}) == "e4m20"  # not e4m3: a 25-bit grid
+    assert custom_grid_name({"name": "e4m3", "mbits": 20, "bias": 3}) == "e4m20b3"
+    assert custom_grid_name({"name": "e3m4", "bias": 3, "policy": "ieee"}) == "e3m4b3-ieee"
+    assert custom_grid_name({"name": "e4m3", "ebits": 5, "mbits": 2}) == "e5m2b7-fn"  # not the e5m2 preset's grid
+    assert custom_grid_name({"name": "e4m3", "ebits": 5, "mbits": 2, "bias": 15, "policy": "ieee"}) == "e5m2"  # it is
+    assert custom_grid_name({"name": "fp32", "mbits": 3}) is None  # unquantized
 
 
 def test_the_code_state_is_this_checkout_or_unknown(tmp_path: Path) -> None:

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
+from omegaconf import OmegaConf
 from torch import nn
 
 from altgrad.quant import QuantSpec, ScalingSpec, TensorQuantizer, get_format, quantize
 from altgrad.quant.layers import QuantLinear
+
+_BASELINE = OmegaConf.load(Path(__file__).resolve().parents[2] / "conf" / "train.yaml").baseline
+PLAIN = {"plain_lr": _BASELINE.lr, "plain_betas": tuple(_BASELINE.betas), "plain_eps": _BASELINE.eps}
+"""What the optimizer configs pass for parameters without a grid: the AdamW baseline's lr, betas and eps."""
 
 
 def quantizer(fmt: str, scaling: str = "none") -> TensorQuantizer:

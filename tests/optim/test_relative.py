@@ -14,7 +14,7 @@ from hydra import compose, initialize_config_dir
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
-from optim_helpers import TinyNet, quantizer
+from optim_helpers import PLAIN, TinyNet, quantizer
 
 from altgrad.callbacks.fake_quant import FakeQuantCallback
 from altgrad.model import GPT, GPTConfig
@@ -66,7 +66,7 @@ def test_the_step_does_not_depend_on_the_format():
         net = TinyNet(fmt)
         from altgrad.quant.layers import weight_grids
 
-        opt = RelativeAdamW(net.parameters(), lr=0.05, weight_decay=0.1, grids=weight_grids(net))
+        opt = RelativeAdamW(net.parameters(), lr=0.05, weight_decay=0.1, grids=weight_grids(net), **PLAIN)
         gen = torch.Generator().manual_seed(1)
         for _ in range(3):
             for q in net.parameters():
@@ -98,7 +98,7 @@ def test_compiled_step_matches_the_eager_one(monkeypatch):
         net = TinyNet("e4m3", dim=16)
         from altgrad.quant.layers import weight_grids
 
-        opt = RelativeAdamW(net.parameters(), lr=0.05, weight_decay=0.1, grids=weight_grids(net))
+        opt = RelativeAdamW(net.parameters(), lr=0.05, weight_decay=0.1, grids=weight_grids(net), **PLAIN)
         gen = torch.Generator().manual_seed(1)
         for step in range(4):
             for group in opt.param_groups:
@@ -195,3 +195,4 @@ def test_the_control_trains_through_the_entry_point_on_the_wide_reference(tmp_pa
     groups = summary["optimizer_groups"]  # rule: the block's 4 matmul weights and wte (tied to the quantized head)
     assert groups["plain_lr"] == 2e-3 and groups["rule_tensors"] == 5
     assert summary["config"]["format"]["name"] == "bf16" and summary["config"]["format"]["grad"] is None
+    assert summary["format"] == "bf16_ref" and summary["run_name"].split("-")[1] == "bf16_ref"  # not format=bf16's
