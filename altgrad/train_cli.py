@@ -163,10 +163,10 @@ COMMAND_ARGS: list[str] | None = None
 """The command line `cli` runs (None in a process that did not start from it: a parallel launcher's worker)."""
 
 
-def cli(task: Callable[[], Any] | None = None, argv: list[str] | None = None) -> None:
+def cli(task: Callable[[], Any], argv: list[str] | None = None) -> None:
     """Check the overrides (one readable line on error, exit 2), then hand over to Hydra (`task`: the Hydra main,
-    `altgrad.train.main` by default). A parallel sweep stopped by a signal or a refusal ends here (exit 128 +
-    signal, or 2) once its workers are done."""
+    `altgrad.train.main`, which imports this module: not the other way round). A parallel sweep stopped by a signal
+    or a refusal ends here (exit 128 + signal, or 2) once its workers are done."""
     global COMMAND_ARGS
     from altgrad.interrupts import GUARD, RunInterrupted, exit_code, signal_name
     from altgrad.preflight import check_overrides
@@ -183,8 +183,6 @@ def cli(task: Callable[[], Any] | None = None, argv: list[str] | None = None) ->
             print(f"error: {message}", file=sys.stderr, flush=True)
             raise SystemExit(2)
         check_run_dir(args)
-        if task is None:
-            from altgrad.train import main as task
         task()
     except RunInterrupted as err:
         state = stop.ACTIVE
