@@ -31,7 +31,9 @@ def group_options() -> list[tuple[str, str]]:
     """(group, option) for every selectable group in conf/ (and hydra/launcher), as Hydra itself lists them."""
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         loader = GlobalHydra.instance().config_loader()
-        groups = [g for g in loader.list_groups("") if not g.startswith("_") and g != "hydra"] + ["hydra/launcher"]
+        # conf/study holds study plans (altgrad.study), not options of the train config
+        groups = [g for g in loader.list_groups("") if not g.startswith("_") and g not in ("hydra", "study")]
+        groups += ["hydra/launcher"]
         return [(g, o) for g in groups for o in loader.get_group_options(g)]
 
 
@@ -58,6 +60,18 @@ def first_sweep_point(tmp_path: Path, experiment: str) -> list[str]:
     params = cfg.hydra.sweeper.get("params")
     params = OmegaConf.to_container(params, resolve=False) if params is not None else {}
     return [f"{key}={str(value).split(',')[0].strip()}" for key, value in params.items()]
+
+
+def data_folder(tmp_path: Path, cfg: DictConfig) -> list[str]:
+    """For a folder data source (data=folder, data=eurlex_en and the experiments on them): a tiny folder holding its
+    train and validation files, as data.dir (no checksum file: data.checksums=null)."""
+    if cfg.data.get("source") != "folder":
+        return []
+    folder = tmp_path / "folder"
+    folder.mkdir(exist_ok=True)
+    for name in (cfg.data.train_file, cfg.data.val_file):
+        (folder / name).write_text("Article 1\nThis Regulation applies.\n\n" * 200)
+    return [f"data.dir={folder}", "data.checksums=null"]
 
 
 def instantiate_run(run: RunConfig) -> None:
@@ -90,6 +104,7 @@ def test_option_composes_validates_and_instantiates(tmp_path: Path, group: str, 
         text.write_text("Article 1\nThis Regulation applies.\n" * 50)
         monkeypatch.setenv("ALTGRAD_EVIDENCE_TEXT", str(text))
         extra = first_sweep_point(tmp_path, option)
+        extra += data_folder(tmp_path, compose_cfg(tmp_path, f"{group}={option}", *extra))
         first = compose_cfg(tmp_path, f"{group}={option}", *extra)
         if "${tuned_lr." in str(OmegaConf.to_container(first, resolve=False)):
             # a sweep that reads its lrs from a table that tuning writes: until the table exists it stops in one line
@@ -98,6 +113,8 @@ def test_option_composes_validates_and_instantiates(tmp_path: Path, group: str, 
             except ConfigError as err:
                 assert "tuned_lr" in str(err) and "\n" not in str(err)
                 return
+    if group == "data":
+        extra = data_folder(tmp_path, compose_cfg(tmp_path, f"{group}={option}"))
     if (group, option) == ("data", "local"):
         (tmp_path / "corpus.txt").write_text("Article 1\nThis Regulation applies.\n" * 50)
         extra = [f"data.path={tmp_path / 'corpus.txt'}"]
