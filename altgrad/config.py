@@ -143,7 +143,9 @@ MATMUL_PRECISIONS = ("highest", "high", "medium")
 # Measured by the job bench (docs/benchmarks/job.md): a compiled CPU job paid more in compiles than its steps won back.
 CPU_COMPILE_REFUSED = ("trainer.compile=true is off on the CPU (trainer.accelerator=cpu): torch.compile made CPU jobs "
                        "slower, not faster (docs/benchmarks/job.md); valid: trainer.compile=false, or trainer=gpu; "
-                       "ALTGRAD_CPU_COMPILE=1 compiles on the CPU anyway")
+                       "trainer.compile=force compiles on the CPU anyway")
+COMPILE_CHOICES = (False, True, "force")
+"""`trainer.compile`: false, true (refused on the CPU), force (compile on any accelerator)."""
 
 
 @dataclass
@@ -163,7 +165,7 @@ class TrainerSchema:
     checkpoint_every_n_steps: int = MISSING
     initial_validation: bool = MISSING
     deterministic: bool = MISSING
-    compile: bool = MISSING
+    compile: Any = MISSING  # false | true | force (COMPILE_CHOICES)
     matmul_precision: str = MISSING
     keep_freed_memory: bool = MISSING
     peak_flops: Optional[float] = MISSING
@@ -184,7 +186,9 @@ class TrainerSchema:
                self.gradient_clip_val, "null or a float > 0")
         _check(self.peak_flops is None or self.peak_flops > 0, "trainer.peak_flops", self.peak_flops,
                "null or the hardware's peak FLOP/s > 0")
-        if self.compile and self.accelerator == "cpu" and os.environ.get("ALTGRAD_CPU_COMPILE") != "1":
+        if not any(self.compile is c or self.compile == c for c in COMPILE_CHOICES):
+            raise ConfigError(f"trainer.compile={self.compile!r} is not valid; valid: false, true, force")
+        if self.compile is True and self.accelerator == "cpu":
             raise ConfigError(CPU_COMPILE_REFUSED)
 
 
@@ -203,6 +207,11 @@ class ScheduleSchema:
         _check(0.0 <= self.min_lr_ratio <= 1.0, "schedule.min_lr_ratio", self.min_lr_ratio, "a float in [0, 1]")
 
 
+OPTIM_KERNELS = ("compiled", "eager")
+"""`optimizer.kernel` of ManifoldAdamW, RelativeAdamW and GridOptim: their fused per-tensor step through
+torch.compile (`make train`'s), or eager torch ops (see each optimizer for what its eager step is)."""
+
+
 @dataclass
 class OptimizerSchema:
     """`optimizer=` group: a `_partial_` Hydra target plus `name` and hyper-parameters (extra keys allowed)."""
@@ -213,8 +222,11 @@ class OptimizerSchema:
     lr: float = MISSING
     weight_decay: float = MISSING
     label: Optional[str] = None  # how reports name the arm (absent or null: name)
+    kernel: Optional[str] = None  # the step's implementation, for the optimizers that have several (OPTIM_KERNELS)
 
     def __post_init__(self) -> None:
+        if self.kernel is not None:
+            _choice("optimizer.kernel", self.kernel, OPTIM_KERNELS)
         _check(self._partial_ is True, "optimizer._partial_", self._partial_,
                "true (the module supplies the parameter groups)")
         _check(self.lr > 0 and math.isfinite(self.lr), "optimizer.lr", self.lr, "a finite float > 0")
@@ -282,6 +294,8 @@ STORAGE_ROUNDINGS = ("nearest", "stochastic")
 """`quant.storage_rounding`: how weights are put back on their grid after each step when quant.master=none."""
 STATS_POLICIES = ("demand", "always")
 """`quant.stats`: quantizer statistics only on the steps a diagnostic reads them, or on every call."""
+QUANT_KERNELS = ("auto", "native", "compiled", "eager")
+"""`quant.kernel`: how quantizer calls run (altgrad.quant.compiled.KERNELS; the same bits on every road)."""
 
 
 @dataclass
@@ -291,11 +305,13 @@ class QuantSchema:
     master: str = MISSING
     storage_rounding: str = MISSING
     stats: str = MISSING
+    kernel: str = MISSING
 
     def __post_init__(self) -> None:
         _choice("quant.master", self.master, MASTER_POLICIES)
         _choice("quant.storage_rounding", self.storage_rounding, STORAGE_ROUNDINGS)
         _choice("quant.stats", self.stats, STATS_POLICIES)
+        _choice("quant.kernel", self.kernel, QUANT_KERNELS)
 
 
 @dataclass

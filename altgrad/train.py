@@ -55,7 +55,8 @@ def build_fake_quant(run: RunConfig, run_dir: Path) -> FakeQuantCallback:
 
     q = run.quant
     return FakeQuantCallback(run.composed.format, run.composed.layer_map, master=q.master,
-                             storage_rounding=q.storage_rounding, seed=run.seed, run_dir=run_dir, stats=q.stats)
+                             storage_rounding=q.storage_rounding, seed=run.seed, run_dir=run_dir, stats=q.stats,
+                             kernel=q.kernel)
 
 
 def build_callbacks(run: RunConfig, run_dir: Path, resume: ResumePlan | None = None) -> list[L.Callback]:

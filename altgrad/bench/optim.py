@@ -4,7 +4,7 @@ Every optimizer steps its own copy of the same quantized nano GPT (layer map ``u
 the same fixed gradients; steps are timed round-robin (one step of each optimizer per round) so machine load hits
 all of them alike.  The table reports per optimizer the median wall-clock time of a step and the median CPU time
 the process spent in it (immune to other processes taking the cores of a shared machine), each with its ratio to
-AdamW.  The fused kernels are compiled during the warm-up steps (unless ALTGRAD_COMPILE=0).
+AdamW.  The fused kernels are compiled during the warm-up steps (optimizer.kernel=compiled, the default).
 
     python -m altgrad.bench optim [--steps 200] [--warmup 20] [--format e4m3] [--threads N]
 """

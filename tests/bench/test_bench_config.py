@@ -205,11 +205,39 @@ def test_bad_values_fail_in_one_line(tmp_path: Path, override: str, expected: st
     assert expected in str(err.value) and "\n" not in str(err.value)
 
 
-def test_format_names_come_from_the_quantization_core() -> None:
+def test_format_names_are_the_presets_plus_fp32_and_every_format_option_is_one(tmp_path: Path) -> None:
+    from altgrad.quant import get_format
+
     names = valid_formats()
-    assert "fp32" in names
-    quant = pytest.importorskip("altgrad.quant")
-    assert set(quant.list_formats()) <= set(names)
+    assert "fp32" in names and "e9m9" not in names
+    for name in set(names) - {"fp32"}:
+        assert get_format(name).name == name  # every accepted name is a preset the quantization core builds
+    options = {OmegaConf.load(p).get("name") for p in (CONF / "format").glob("*.yaml")}
+    assert options and options <= set(names)  # every format= option validates
+    for name, value in (("format.name", "e9m9"), ("format.grad", "e9m9")):
+        with pytest.raises(ConfigError, match="is not valid; valid: "):
+            validate(compose_cfg(tmp_path, f"{name}={value}"))
+
+
+@pytest.mark.parametrize(("override", "expected"), [
+    ("quant.kernel=fast", "quant.kernel='fast' is not valid; valid: auto, native, compiled, eager"),
+    ("optimizer=manifold optimizer.kernel=fused", "optimizer.kernel='fused' is not valid; valid: compiled, eager"),
+    ("trainer.compile=true", "trainer.compile=true is off on the CPU"),
+    ("trainer.compile=maybe", "trainer.compile='maybe' is not valid; valid: false, true, force"),
+])
+def test_implementation_choices_are_config_checked_in_one_line(tmp_path: Path, override: str, expected: str) -> None:
+    cfg = compose_cfg(tmp_path, *override.split())
+    with pytest.raises(ConfigError) as err:
+        validate(cfg)
+    assert expected in str(err.value) and "\n" not in str(err.value)
+
+
+def test_implementation_choices_default_to_what_make_train_runs(tmp_path: Path) -> None:
+    assert validate(compose_cfg(tmp_path)).quant.kernel == "auto"
+    for option in ("manifold", "relative", "grid", "manifold_grad", "grid_real"):
+        assert validate(compose_cfg(tmp_path, f"optimizer={option}", "quant.master=none")).optimizer.kernel == \
+            "compiled"
+    assert validate(compose_cfg(tmp_path, "trainer.compile=force")).trainer.compile == "force"
 
 
 def test_defaults_validate(tmp_path: Path) -> None:
@@ -280,3 +308,25 @@ def test_param_groups_list_tied_weights_once() -> None:
     groups, _ = weight_decay_groups(model, 0.1)
     flat = [p for g in groups for p in g["params"]]
     assert len(flat) == len({id(p) for p in flat}) == len(list(model.parameters()))
+
+
+def test_records_from_before_the_kernel_keys_resume_and_skip_as_before(tmp_path: Path) -> None:
+    """Runs recorded before quant.kernel / optimizer.kernel existed are the same configuration as today's defaults
+    (resume_sweep skips them, a checkpoint resumes); quant.kernel never counts (every road gives the same bits),
+    optimizer.kernel does (the eager step differs from the compiled one in float32 rounding)."""
+    import copy
+
+    from altgrad.resume_check import config_differences as state_differences
+    from altgrad.sweep.resume import config_differences as identity_differences
+
+    current = OmegaConf.to_container(compose_cfg(tmp_path, "optimizer=manifold"), resolve=True)
+    old = copy.deepcopy(current)
+    del old["quant"]["kernel"], old["optimizer"]["kernel"]
+    assert identity_differences(old, current) == [] and state_differences(old, current) == []
+    other_road = copy.deepcopy(current)
+    other_road["quant"]["kernel"] = "eager"
+    assert identity_differences(other_road, current) == [] and state_differences(other_road, current) == []
+    eager_step = copy.deepcopy(current)
+    eager_step["optimizer"]["kernel"] = "eager"
+    assert identity_differences(eager_step, current) == ["optimizer.kernel: 'eager' → 'compiled'"]
+    assert state_differences(eager_step, current) == ["optimizer.kernel: 'eager' → 'compiled'"]

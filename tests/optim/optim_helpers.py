@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,7 @@ import torch
 from omegaconf import OmegaConf
 from torch import nn
 
+from altgrad.quant.compiled import compiling
 from altgrad.quant import QuantSpec, ScalingSpec, TensorQuantizer, get_format, quantize
 from altgrad.quant.layers import QuantLinear
 
@@ -50,6 +52,7 @@ class TinyNet(nn.Module):
 
 
 @pytest.fixture(autouse=True)
-def _eager_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Run the fused kernels eagerly: identical maths, no torch.compile start-up in unit tests."""
-    monkeypatch.setenv("ALTGRAD_COMPILE", "0")
+def _eager_kernels() -> Iterator[None]:
+    """Calls that leave the choice open run eagerly (no torch.compile start-up in unit tests)."""
+    with compiling(False):
+        yield
