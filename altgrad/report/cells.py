@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from altgrad.report.load import Job
+from altgrad.resume_check import flatten
 from altgrad.report.order import FORMAT_ORDER, OPTIMIZER_ORDER, STAGE_ORDER, STORAGE_ORDER, rank
 from altgrad.report.stages import stage_of
 from altgrad.report.stats import Summary, summarize
@@ -43,10 +44,13 @@ LOCATION_KEYS = (
     "trainer.keep_freed_memory", "trainer.peak_flops",    # the allocator's policy; the MFU estimate's peak
     "tuned_lr",                             # a lookup table: the lrs a run took from it are in optimizer.* / baseline.*
     "endpoint",                             # the analysis a study declares, not what a run computes
+    "quant.kernel",                         # how quantizer calls run: the same bits on every road (tests/quant)
+    "format.label",                         # a name for the format option; what it names is in format.*
 )
 # Deliberately NOT location keys: trainer.val_check_interval (best_val_loss is the minimum over the validations run,
-# and a divergence is caught at one), trainer.log_every_n_steps (the instruments' interval interpolates it), and
-# everything else under trainer (precision, compile, devices, clipping, ...).
+# and a divergence is caught at one), trainer.log_every_n_steps (the instruments' interval interpolates it),
+# optimizer.kernel (the compiled and eager steps differ by ~1e-6), and everything else under trainer (precision,
+# compile, devices, clipping, ...).
 DATA_LOCATIONS = ("data.path", "data.dir")
 """Where a data source reads its files (data=local, data=folder): not identity once the files' sha256 are recorded."""
 SEED_KEY = "seed"
@@ -54,15 +58,6 @@ SEED_KEY = "seed"
 COMPARED_KEYS = ("arm", "optimizer", "baseline", "quant.master", "quant.storage_rounding")
 """What a cell's setup leaves out: the arm (its name, the optimizer, AdamW's lr in baseline.lr) and the weight
 storage: what the report compares within one setup."""
-
-
-def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(node, Mapping):
-        out: dict[str, Any] = {}
-        for key, value in node.items():
-            out.update(_flatten(value, f"{prefix}{key}."))
-        return out
-    return {prefix[:-1]: node}
 
 
 def _covered(key: str, patterns: Iterable[str]) -> bool:
@@ -78,7 +73,7 @@ def configuration(job: Job) -> dict[str, Any]:
     if not config:
         flat = {f"override.{k}": v for k, v in _overrides(job).items()}
     else:
-        flat = _flatten(config)
+        flat = flatten(config)  # as the resume checks compare it: keys added later filled with what older runs ran
     out = {k: v for k, v in flat.items()
            if k.rsplit(".", 1)[-1] != SEED_KEY and not _covered(k.removeprefix("override."), LOCATION_KEYS)}
     files = job.summary.get("data_files")
