@@ -103,7 +103,8 @@ def test_a_sweep_hit_by_sigterm_stops_non_zero_and_resumes_the_job_in_place(tmp_
 
     result = run_train([*args, "+resume_sweep=true"], offline_env)
     assert result.returncode == 0, result.stderr[-2000:]
-    assert f"resume_sweep: {sweep_dir / '0'} was interrupted; resuming it" in result.stdout
+    assert f"resume_sweep: {sweep_dir / '0'} was interrupted (SIGTERM at step {s['steps']}); resuming it" \
+        in result.stdout
     resumed = summary(sweep_dir / "0")
     assert resumed["status"] == "completed" and resumed["steps"] == 16 and resumed["resumed_at_step"] == s["steps"]
     assert summary(sweep_dir / "1")["status"] == "completed"
@@ -118,7 +119,8 @@ def test_the_requeue_recipe_starts_resumes_and_then_skips(tmp_path: Path, offlin
     assert code == 128 + signal.SIGTERM, output[-2000:]
     step = summary(run_dir)["steps"]
     second = run_train(args, offline_env)
-    assert second.returncode == 0 and "was interrupted; resuming it from its checkpoint" in second.stdout
+    assert second.returncode == 0 and f"was interrupted (SIGTERM at step {step}); resuming it from its checkpoint" \
+        in second.stdout
     s = summary(run_dir)
     assert s["status"] == "completed" and s["steps"] == 12 and s["resumed_at_step"] == step
     third = run_train(args, offline_env)
