@@ -185,3 +185,21 @@ def test_an_arm_keeps_its_colour_in_every_figure() -> None:
     two = arm_palette(["manifold[update]", "adamw", "relative", "adamw"])
     assert one == two and list(one) == ["adamw", "manifold[update]", "relative"]
     assert len(set(one.values())) == 3
+
+
+def test_an_undeclared_lr_scan_goes_to_the_lr_figure_and_its_best_lr_to_the_curves(tmp_path: Path) -> None:
+    from altgrad.report.cells import group_cells
+    from altgrad.report.document import scans_and_picks
+    from altgrad.report.load import load_sweeps
+
+    for seed in (0, 1):
+        for lr, loss in ((1e-3, 3.2), (3e-3, 3.0), (1e-2, 3.6)):
+            write_job(tmp_path / "s" / f"a{lr:g}-{seed}", fmt="e4m3", optimizer="adamw", seed=seed, lr=lr,
+                      final=loss + 0.01 * seed)
+        write_job(tmp_path / "s" / f"m-{seed}", fmt="e4m3", optimizer="manifold", seed=seed, lr=0.3, final=2.9)
+    cells = group_cells(load_sweeps([tmp_path / "s"]).jobs)
+    shown, scans = scans_and_picks(cells)
+    assert [(c["optimizer_label"], c["lr"]) for c in shown] == [("adamw", 3e-3), ("manifold[update]", 0.3)]
+    assert len(scans) == 6 and {j.optimizer_label for j in scans} == {"adamw"}
+    text = write_report([tmp_path / "s"], tmp_path / "out").read_text()
+    assert "](lr_loss.png)" in text and (tmp_path / "out" / "lr_loss.png").stat().st_size > 1000
