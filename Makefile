@@ -4,8 +4,11 @@
 PYTHON ?= python3
 EVIDENCE ?= multirun/evidence-cpu
 JOBLIB ?= hydra/launcher=joblib hydra.launcher.n_jobs=2
-# make study: sweeps at once, one thread each (the committed study records were computed with one thread)
+# make study: the current study (conf/study/$(STUDY).yaml), sweeps at once, one thread each (the committed study
+# records were computed with one thread); EURLEX: the eurlex-en folder (docs/data.md) study 2 reads
+STUDY ?= ongrid
 STUDY_JOBS ?= 2
+EURLEX ?=
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
@@ -66,15 +69,15 @@ evidence-cpu: $(STAMP) ## the committed CPU evidence: lr scans → lr pick → m
 	$(BIN)/python -m altgrad.report $(EVIDENCE)/manifold_ab_cpu $(EVIDENCE)/failure_stage_cpu --out $(EVIDENCE)/report
 	$(BIN)/python -m altgrad.report $(EVIDENCE)/lr_scan_cpu $(EVIDENCE)/lr_scan_cpu_ulp --out $(EVIDENCE)/report/lr_scan
 
-study: $(STAMP) ## the CPU study, resumable: pilot → tuning → evaluation → docs/results/study-cpu (rerun to go on)
-	OMP_NUM_THREADS=1 $(BIN)/python -m altgrad.sweep.study --jobs $(STUDY_JOBS) $(ARGS)
+study: $(STAMP) ## the study conf/study/$(STUDY).yaml, resumable (rerun to go on): make study EURLEX=/path/to/eurlex-en
+	OMP_NUM_THREADS=1 $(BIN)/python -m altgrad.study $(STUDY) --jobs $(STUDY_JOBS) $(if $(EURLEX),--set data.dir=$(abspath $(EURLEX))) $(ARGS)
 
 evidence-gpu-data: $(STAMP) ## with network: EurLex tokens + tiktoken's gpt2 files into EVIDENCE_DATA (.cache/evidence-gpu)
 	ALTGRAD_CACHE=$(EVIDENCE_DATA) TIKTOKEN_CACHE_DIR=$(EVIDENCE_DATA)/tiktoken $(BIN)/python -m altgrad.data.prepare experiment=evidence_gpu $(ARGS)
 
 evidence-gpu: ## on a CUDA machine (its own torch), offline: the GPU confirmation, ≤ 9-min chunks (exit 3: rerun to go on)
 	ALTGRAD_CACHE=$(EVIDENCE_DATA) TIKTOKEN_CACHE_DIR=$(EVIDENCE_DATA)/tiktoken HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 \
-	python3 -m altgrad.sweep.study --evidence-gpu --budget-s $(EVIDENCE_BUDGET) $(ARGS); status=$$?; \
+	python3 -m altgrad.study evidence_gpu --budget-s $(EVIDENCE_BUDGET) $(ARGS); status=$$?; \
 	if [ -n "$$OUT" ]; then cp -r docs/results/evidence-gpu "$$OUT"/; fi; exit $$status
 
 lint: $(STAMP) ## ruff over the package and the tests

@@ -102,8 +102,13 @@ class DataSchema:
     split: str = "train"
     text_field: str = "text"
     path: Optional[str] = None
+    dir: Optional[str] = None
+    train_file: str = "train.txt"
+    val_file: str = "val.txt"
+    checksums: Optional[str] = "SHA256SUMS"
 
     def __post_init__(self) -> None:
+        from altgrad.data.folder import resolve_split_files
         from altgrad.data.sources import DATA_SOURCES, resolve_local_files
 
         _choice("data.source", self.source, DATA_SOURCES)
@@ -119,6 +124,8 @@ class DataSchema:
             _check(bool(self.hub_path), "data.hub_path", self.hub_path, "a Hugging Face dataset path or folder")
         if self.source == "local":
             resolve_local_files(self.path)  # raises ConfigError naming data.path when nothing matches
+        if self.source == "folder":
+            resolve_split_files(self.dir, self.train_file, self.val_file, self.checksums)  # names the missing part
 
 
 ACCELERATORS = ("cpu", "gpu", "cuda", "mps", "auto")
@@ -349,6 +356,7 @@ SCALARS: dict[str, tuple[type, ...]] = {
     "ckpt_path": (str, type(None)),
     "run_name": (str,),
     "experiment_name": (str, type(None)),
+    "arm": (str, type(None)),  # +arm=NAME: a study arm (conf/arm/NAME.yaml), the label reports compare it by
     "resume_sweep": (bool, type(None)),  # +resume_sweep=true: skip the jobs of a rerun sweep that finished before
     # +resume_with_new_config=true: resume ckpt_path under another configuration on purpose (altgrad/resume_check.py)
     "resume_with_new_config": (bool, type(None)),

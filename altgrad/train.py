@@ -171,6 +171,7 @@ def base_summary(run: RunConfig) -> dict[str, Any]:
         "master": run.quant.master,
         "storage_rounding": run.quant.storage_rounding,
         "experiment": run.experiment_name,
+        "arm": OmegaConf.select(run.composed, "arm"),  # a study arm's name (conf/arm/), else None
         "run_name": run.run_name,
         "diverged_at_step": None,
         "divergence_cause": None,
@@ -266,6 +267,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         if run.trainer.keep_freed_memory:
             keep_freed_memory()
         datamodule = hydra.utils.instantiate(cfg.data, _convert_="all")
+        summary["data_files"] = datamodule.data_files  # sha256 of each data file (None: generated or hub data)
         check_step_memory(run, datamodule.vocab_size)
         module = build_module(run, datamodule.vocab_size)
         callbacks = build_callbacks(run, run_dir, resume=plan)

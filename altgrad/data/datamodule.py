@@ -1,7 +1,8 @@
 """TextDataModule: text source → token ids cached once on disk → random fixed-length training windows.
 
 Tokens are stored as a flat uint16/uint32 memmap under `cache_dir`, keyed by the source, the tokenizer and
-`TOKEN_CACHE_VERSION`. The last `val_fraction` of the stream is the validation split. Training batch i is drawn from
+`TOKEN_CACHE_VERSION`. The last `val_fraction` of the stream is the validation split, except for a folder of split
+files (`data.source=folder`), whose validation file is the validation split. Training batch i is drawn from
 a counter-based generator (Philox, key = seed, counter = i): the data position is just the number of batches
 consumed, saved in the checkpoint, so a resumed run continues the very same stream.
 """
@@ -24,7 +25,8 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 from altgrad.atomic import write_json, write_with
 from altgrad.data.corpus import CORPUS_VERSION
-from altgrad.data.sources import DataUnavailableError, iter_texts, local_identity
+from altgrad.data.folder import DataChecksumError, checked_sha256, file_sha256, iter_documents, resolve_split_files
+from altgrad.data.sources import DataUnavailableError, iter_texts, local_identity, resolve_local_files
 from altgrad.data.tokenizer import TokenizerUnavailableError, get_tokenizer
 
 TOKEN_CACHE_VERSION = 1
@@ -102,6 +104,10 @@ class TextDataModule(L.LightningDataModule):
         split: str = "train",
         text_field: str = "text",
         path: str | None = None,
+        dir: str | None = None,
+        train_file: str = "train.txt",
+        val_file: str = "val.txt",
+        checksums: str | None = "SHA256SUMS",
     ) -> None:
         super().__init__()
         self.name, self.source, self.tokenizer_name = name, source, tokenizer
@@ -112,6 +118,9 @@ class TextDataModule(L.LightningDataModule):
             corpus_seed=corpus_seed, corpus_chars=corpus_chars, hub_path=hub_path, config_name=config_name,
             split=split, text_field=text_field, path=path,
         )
+        self.folder_args: dict[str, Any] = dict(directory=dir, train_file=train_file, val_file=val_file,
+                                                checksums=checksums)
+        self._data_files: dict[str, str] | None = None
         self.position = 0  # training batches consumed so far
         self._tokenizer: tiktoken.Encoding | None = None
         self.train_tokens: np.ndarray | None = None
@@ -141,9 +150,26 @@ class TextDataModule(L.LightningDataModule):
                                      "corpus_version": CORPUS_VERSION}
         elif self.source == "hub":
             ident = {k: a[k] for k in ("hub_path", "config_name", "split", "text_field")}
+        elif self.source == "folder":
+            ident = {"files": self.data_files}  # content, not location: a moved copy reuses the cache
         else:
             ident = {"files": local_identity(a["path"]), "text_field": a["text_field"]}
         return {"source": self.source, "tokenizer": self.tokenizer_name, "version": TOKEN_CACHE_VERSION, **ident}
+
+    @property
+    def data_files(self) -> dict[str, str] | None:
+        """{file: sha256} of the files the tokens come from (None for the generated corpus and hub datasets);
+        a folder's files are checked against its checksum file first. Computed once per run."""
+        if self._data_files is None and self.source in ("folder", "local"):
+            try:
+                if self.source == "folder":
+                    self._data_files = checked_sha256(resolve_split_files(**self.folder_args))
+                else:
+                    _, files = resolve_local_files(self.source_args["path"])
+                    self._data_files = {os.path.abspath(f): file_sha256(Path(f)) for f in files}
+            except DataChecksumError as err:
+                raise DataUnavailableError(f"data={self.name}: {err}") from None
+        return self._data_files
 
     def cache_path(self) -> Path:
         """The token file for this source and tokenizer (computed once, so a run never switches files midway)."""
@@ -164,19 +190,17 @@ class TextDataModule(L.LightningDataModule):
             return
         enc = self.tokenizer
         dtype = token_dtype(enc.n_vocab)
-        texts = iter_texts(self.source, **self.source_args)
-        chunks, n_docs, batch = [], 0, []
-        for text in texts:
-            batch.append(text)
-            if len(batch) == 256:
-                chunks.extend(self._encode(enc, batch, dtype))
-                n_docs += len(batch)
-                batch = []
-        chunks.extend(self._encode(enc, batch, dtype))
-        n_docs += len(batch)
-        tokens = np.concatenate(chunks) if chunks else np.zeros(0, dtype=dtype)
-        meta = {"identity": self._identity, "source": self.source, "n_tokens": int(tokens.size), "n_docs": n_docs,
-                "dtype": dtype.name, "vocab_size": enc.n_vocab}
+        meta: dict[str, Any] = {"identity": self._identity, "source": self.source}
+        if self.source == "folder":
+            # train tokens, then the validation file's: the split point is recorded, not a fraction
+            files = resolve_split_files(**self.folder_args)
+            train, n_train_docs = self._tokenize(self._read_documents(files.train), enc, dtype)
+            val, n_val_docs = self._tokenize(self._read_documents(files.val), enc, dtype)
+            tokens, n_docs = np.concatenate([train, val]), n_train_docs + n_val_docs
+            meta["n_val"] = int(val.size)
+        else:
+            tokens, n_docs = self._tokenize(iter_texts(self.source, **self.source_args), enc, dtype)
+        meta.update({"n_tokens": int(tokens.size), "n_docs": n_docs, "dtype": dtype.name, "vocab_size": enc.n_vocab})
         # Atomic writes (tokens first, then the metadata that makes them valid): parallel jobs never read a
         # half-written cache, and a failure leaves nothing half-written behind.
         try:
@@ -187,6 +211,26 @@ class TextDataModule(L.LightningDataModule):
             raise DataUnavailableError(
                 f"data.cache_dir={str(self.cache_dir)!r} cannot be written ({err.strerror or type(err).__name__}); "
                 "set data.cache_dir (or $ALTGRAD_CACHE) to a writable folder") from None
+
+    def _tokenize(self, texts: Iterator[str], enc: tiktoken.Encoding, dtype: np.dtype) -> tuple[np.ndarray, int]:
+        """All documents' tokens, each document followed by <|endoftext|>, and the number of documents."""
+        chunks, n_docs, batch = [], 0, []
+        for text in texts:
+            batch.append(text)
+            if len(batch) == 256:
+                chunks.extend(self._encode(enc, batch, dtype))
+                n_docs += len(batch)
+                batch = []
+        chunks.extend(self._encode(enc, batch, dtype))
+        n_docs += len(batch)
+        return (np.concatenate(chunks) if chunks else np.zeros(0, dtype=dtype)), n_docs
+
+    def _read_documents(self, path: Path) -> Iterator[str]:
+        try:
+            yield from iter_documents(path)
+        except UnicodeDecodeError as err:
+            raise DataUnavailableError(f"data={self.name}: {path} is not UTF-8 text (undecodable byte at offset "
+                                       f"{err.start} of a line); valid: UTF-8 text files") from None
 
     @staticmethod
     def _encode(enc: tiktoken.Encoding, texts: list[str], dtype: np.dtype) -> list[np.ndarray]:
@@ -200,7 +244,7 @@ class TextDataModule(L.LightningDataModule):
         path = self.cache_path()
         meta = json.loads(path.with_suffix(".json").read_text())
         tokens = np.memmap(path, dtype=np.dtype(meta["dtype"]), mode="r")
-        n_val = int(len(tokens) * self.val_fraction)
+        n_val = int(meta["n_val"]) if "n_val" in meta else int(len(tokens) * self.val_fraction)
         need = self.block_size + 1
         if len(tokens) - n_val <= need or n_val <= need:
             raise DataUnavailableError(

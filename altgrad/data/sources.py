@@ -16,8 +16,9 @@ from typing import Any
 from altgrad.data.corpus import iter_documents
 from altgrad.errors import ConfigError
 
-DATA_SOURCES = ("embedded", "hub", "local")
-"""`data.source`: the embedded generator, a Hugging Face dataset (`data.hub_path`), or local files (`data.path`)."""
+DATA_SOURCES = ("embedded", "hub", "local", "folder")
+"""`data.source`: the embedded generator, a Hugging Face dataset (`data.hub_path`), local files (`data.path`), or a
+folder of split files (`data.dir`: train and validation files, altgrad.data.folder)."""
 # File suffix -> `datasets` packaged builder.
 BUILDERS = {".txt": "text", ".text": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 

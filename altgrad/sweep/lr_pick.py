@@ -95,7 +95,10 @@ class LrPick:
 
 
 def arm_key(job: Job) -> str:
-    """The table key of a job's arm: optimizer.name for fp32 master weights, NAME-ongrid_ROUNDING on the grid."""
+    """The table key of a job's arm: its study arm (``arm``, conf/arm/) where it has one; else optimizer.name for
+    fp32 master weights, NAME-ongrid_ROUNDING on the grid."""
+    if job.get("arm"):
+        return str(job.get("arm"))
     if job.master == "none":
         rounding = job.summary.get("storage_rounding") or "nearest"
         return f"{job.optimizer}-ongrid_{rounding}"
@@ -260,28 +263,32 @@ def _float_text(lr: float) -> str:
 
 
 def table_updates(picks: dict[tuple[str, str], LrPick], table: dict[str, dict[str, TableEntry]],
-                  sweeps: Sequence[str]) -> tuple[dict[str, dict[str, TableEntry]], list[str]]:
+                  sweeps: Sequence[str], plain_arm: str = "adamw"
+                  ) -> tuple[dict[str, dict[str, TableEntry]], list[str]]:
     """The table with the usable picks merged in, and the refusals of the plain-lr rule (one line each).
 
-    AdamW's pick also becomes the format's ``plain`` lr; every other arm must have been tuned at that plain lr.
+    The pick of ``plain_arm`` (AdamW's by default) also becomes the format's ``plain`` lr; every other arm must
+    have been tuned at that plain lr.
     """
     new = {fmt: dict(arms) for fmt, arms in table.items()}
     for (fmt, arm), pick in picks.items():
-        if arm == "adamw" and pick.lr is not None and pick.refusal is None:
+        if arm == plain_arm and pick.lr is not None and pick.refusal is None:
             note = _note(pick, sweeps)
-            new.setdefault(fmt, {})["adamw"] = (pick.lr, note)
-            new[fmt][PLAIN_KEY] = (pick.lr, "= adamw: the lr of every arm's grid-less parameters")
+            new.setdefault(fmt, {})[arm] = (pick.lr, note)
+            new[fmt][PLAIN_KEY] = (pick.lr, f"= {arm}: the lr of every arm's grid-less parameters")
     problems = []
     for (fmt, arm), pick in picks.items():
-        if arm == "adamw" or pick.lr is None or pick.refusal is not None:
+        if arm == plain_arm or pick.lr is None or pick.refusal is not None:
             continue
         plain = new.get(fmt, {}).get(PLAIN_KEY)
-        if plain is None:
-            problems.append(f"{pick.cell}: AdamW has no pick in {fmt} yet; tune adamw first, then this arm with "
-                            "baseline.lr=${tuned_lr.${format.name}.plain}")
+        if plain is None and pick.plain_lr is None:  # its optimizer steps every tensor itself (AdamW): no plain lr
+            new.setdefault(fmt, {})[arm] = (pick.lr, _note(pick, sweeps))
+        elif plain is None:
+            problems.append(f"{pick.cell}: {plain_arm} has no pick in {fmt} yet; tune {plain_arm} first, then this "
+                            "arm with baseline.lr=${tuned_lr.${format.name}.plain}")
         elif pick.plain_lr is not None and not math.isclose(pick.plain_lr, plain[0], rel_tol=1e-9):
             problems.append(f"{pick.cell}: its runs stepped the grid-less parameters at lr {pick.plain_lr:g}, but "
-                            f"AdamW's pick in {fmt} is {plain[0]:g}; rerun its scan with "
+                            f"{plain_arm}'s pick in {fmt} is {plain[0]:g}; rerun its scan with "
                             "baseline.lr=${tuned_lr.${format.name}.plain}")
         else:
             new[fmt][arm] = (pick.lr, _note(pick, sweeps))
@@ -309,6 +316,7 @@ def extension_lrs(pick: LrPick, n: int = 2) -> list[float]:
     scanned = pick.scanned
     ratio = (scanned[-1] / scanned[0]) ** (1 / (len(scanned) - 1)) if len(scanned) > 1 else math.sqrt(10)
     half_decades = abs(math.log10(ratio) - 0.5) < 0.05
+    fifth_decades = abs(math.log10(ratio) - 0.2) < 0.02  # a ×1.585 ladder, 10^(k/5) to three digits
     x, out = (scanned[0], []) if pick.edge == "low" else (scanned[-1], [])
     for _ in range(n):
         x = x / ratio if pick.edge == "low" else x * ratio
@@ -316,6 +324,8 @@ def extension_lrs(pick: LrPick, n: int = 2) -> list[float]:
             k = math.floor(math.log10(x))
             mantissa = min((1.0, 3.0, 10.0), key=lambda m: abs(math.log10(x / 10**k) - math.log10(m)))
             x = mantissa * 10**k
+        if fifth_decades:  # snap to the ladder: the grid's own values stay its values
+            x = float(f"{10 ** (round(5 * math.log10(x)) / 5):.3g}")
         out.append(float(f"{x:.4g}"))
     return out
 
@@ -412,6 +422,8 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--eval-seeds", type=_seed_list, default=[], help="refuse tuning runs on these seeds")
     parser.add_argument("--min-lrs", type=int, default=1, help="refuse cells with fewer scanned lrs")
     parser.add_argument("--extend", type=Path, help="write the extension scans of edge picks to this script")
+    parser.add_argument("--plain-arm", default="adamw",
+                        help="--table: the arm whose pick is each format's plain lr (default adamw)")
     args = parser.parse_args(list(argv))
     if args.write and args.table:
         print("error: --write (pooled picks into the bundles) and --table (per-format picks) exclude each other; "
@@ -446,7 +458,7 @@ def main(argv: Sequence[str]) -> int:
     note_sweeps = [_shown(d) for d in args.sweep_dirs]
     if args.table:
         try:
-            table, problems = table_updates(picks, read_table(args.table), note_sweeps)
+            table, problems = table_updates(picks, read_table(args.table), note_sweeps, args.plain_arm)
         except ValueError as err:
             print(f"error: {err}", file=sys.stderr)
             return 2

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from altgrad.sweep.study import best_and_worst
+from altgrad.study.driver import best_and_worst
 
 REPO = Path(__file__).resolve().parents[2]
 ENDPOINT = {"metric": "final_val_loss", "horizon": 5, "primary": 0, "formats": ["e4m3", "e5m2", "e7m0"],
@@ -80,26 +80,26 @@ def test_best_and_worst_by_the_primary_contrast(tmp_path: Path) -> None:
 
 def test_best_and_worst_refuses_an_unfinished_study(tmp_path: Path) -> None:
     write_eval(tmp_path / "eval", {"e4m3": -0.05, "e5m2": -0.2})
-    with pytest.raises(ValueError, match="no runs of e7m0 yet; finish the CPU study or pass --formats A,B"):
+    with pytest.raises(ValueError, match="no runs of e7m0 yet; finish that study or pass --formats A,B"):
         best_and_worst(tmp_path / "eval")
-    with pytest.raises(ValueError, match="does not exist: run the CPU study first"):
+    with pytest.raises(ValueError, match="does not exist: run that study first"):
         best_and_worst(tmp_path / "nowhere")
 
 
 @pytest.mark.slow  # ≈ 40 five-step jobs over several budgeted rounds: 1-3 minutes on 2 cores
 def test_the_command_runs_in_budgeted_chunks_to_the_end(env: dict[str, str], tmp_path: Path) -> None:
-    args = ["--evidence-gpu", "--debug", "--formats", "e4m3", "--root", str(tmp_path / "root"),
+    args = ["evidence_gpu_debug", "--formats", "e4m3", "--root", str(tmp_path / "root"),
             "--records", str(tmp_path / "runs"), "--out", str(tmp_path / "out"), "--budget-s", "75"]
     assert run("altgrad.data.prepare", ["experiment=evidence_gpu_tune_debug"], env).returncode == 0
     codes, interrupted = [], False
     for _ in range(12):
-        done = run("altgrad.sweep.study", args, env)
+        done = run("altgrad.study", args, env)
         codes.append(done.returncode)
-        interrupted |= "the running job was stopped with a checkpoint" in done.stderr
+        interrupted |= "the running jobs were stopped with a checkpoint" in done.stderr
         if done.returncode != 3:
             break
     assert codes[-1] == 0, (codes, done.stderr[-2000:])
-    assert "[study] formats: bf16_ref + e4m3" in done.stdout
+    assert "[study] formats: bf16_ref, e4m3" in done.stdout
     evaluation = sorted(p.name for p in (tmp_path / "runs" / "eval").iterdir())
     assert evaluation == [f"format={f},optimizer={o},seed={s}" for f in ("bf16_ref", "e4m3")
                           for o in ("adamw", "manifold", "relative") for s in (1, 2)]

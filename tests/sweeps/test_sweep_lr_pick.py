@@ -190,13 +190,13 @@ def test_refusals_write_nothing(tmp_path: Path, capsys: pytest.CaptureFixture) -
     # an arm before AdamW has a pick in its format
     manifold = scan("manifold[update]", "e4m3", {0.3: 2.3, 1.0: 2.1, 3.0: 2.2}, plain=5e-3)
     assert main([str(fake_scan(tmp_path / "b", manifold)), "--table", str(table)]) == 2
-    assert "AdamW has no pick in e4m3 yet" in capsys.readouterr().err and not table.exists()
+    assert "adamw has no pick in e4m3 yet" in capsys.readouterr().err and not table.exists()
     # an arm tuned with its plain groups at another lr than AdamW's pick
     assert main([str(tmp_path / "a"), "--table", str(table)]) == 0
     before = table.read_text()
     assert main([str(tmp_path / "b"), "--table", str(table)]) == 2
     err = capsys.readouterr().err
-    assert "stepped the grid-less parameters at lr 0.005, but AdamW's pick in e4m3 is 0.003" in err
+    assert "stepped the grid-less parameters at lr 0.005, but adamw's pick in e4m3 is 0.003" in err
     assert table.read_text() == before
     assert main([str(tmp_path / "a"), "--table", str(table), "--write"]) == 2  # two outputs: refused
     with pytest.raises(SystemExit):

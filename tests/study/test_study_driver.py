@@ -1,6 +1,7 @@
 """The study driver's checks between stages, on records of known content: the horizon rule stops a study whose
 configured H the pilot does not support (unless the plan states why it keeps H), a job without a result stops it
-for a retry, and an lr refusal no extension can settle stops it with exit 2."""
+for a retry, an lr refusal no extension can settle stops it with exit 2; and how it runs sweeps (several at once,
+a budget, signals)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from altgrad.sweep import study as driver
-from altgrad.sweep.study import PLANS, Study, StudyStop
+from altgrad.study import __main__ as cli
+from altgrad.study import driver
+from altgrad.study import sweeps as runner
+from altgrad.study.driver import Study, StudyStop
+from altgrad.study.plan import load_plan
 
 
 def write_job(path: Path, summary: dict, curve=None, overrides=()) -> None:
@@ -32,39 +36,56 @@ def pilot(root: Path, f, last: int) -> None:
                "optimizer": "adamw", "seed": 101}, curve)
 
 
-def make_study(tmp_path: Path, **changes) -> Study:
-    plan = dataclasses.replace(PLANS["study_cpu"], **changes)
-    return Study(plan, tmp_path / "root", tmp_path / "runs", tmp_path / "out")
+def make_study(tmp_path: Path, name: str = "study_cpu", waiver: str | None = "keep", **stage) -> Study:
+    """The plan's study in tmp folders; ``waiver`` replaces the horizon stage's, ``stage`` the tune stages' fields."""
+    plan = load_plan(name)
+    stages = []
+    for s in plan.stages:
+        if s.kind == "horizon" and waiver != "keep":
+            s = dataclasses.replace(s, settings={**s.settings, "waiver": waiver})
+        if s.kind == "tune" and stage:
+            s = dataclasses.replace(s, **stage)
+        stages.append(s)
+    return Study(dataclasses.replace(plan, stages=tuple(stages)), tmp_path / "root", tmp_path / "runs",
+                 tmp_path / "out")
+
+
+def horizon(st: Study) -> int:
+    return st.horizon(st.plan.stage("horizon"))
+
+
+def configured(st: Study) -> int:
+    return int(st.compose(["experiment=study_cpu_tune"]).trainer.max_steps)
 
 
 def test_the_configured_horizon_passes(tmp_path: Path, capsys) -> None:
-    st = make_study(tmp_path, horizon_waiver=None)
+    st = make_study(tmp_path, waiver=None)
     pilot(st.root, lambda s: 1.0 + 1.0 / (s + 1), 2400)  # flat from the start
-    assert st.horizon() == st.configured_horizon()
-    assert f"[study] horizon: H = {st.configured_horizon()} passes (smallest passing: 400)" in capsys.readouterr().out
+    assert horizon(st) == configured(st)
+    assert f"[study] horizon: H = {configured(st)} passes (smallest passing: 400)" in capsys.readouterr().out
 
 
 def test_a_falling_curve_stops_the_study(tmp_path: Path) -> None:
-    st = make_study(tmp_path, horizon_waiver=None)
+    st = make_study(tmp_path, waiver=None)
     pilot(st.root, lambda s: 5.0 / (1 + s / 100), 2400)
     with pytest.raises(StudyStop, match=r"no H from 400 up to 1/4 of the pilot brings the fp32 loss within 3 % "
                                         r"of its value at 4H \(H = \d+: gap \+\d") as stop:
-        st.horizon()
+        horizon(st)
     assert stop.value.code == 2
 
 
 def test_a_pilot_too_short_for_the_configured_horizon_names_the_supported_one(tmp_path: Path) -> None:
-    st = make_study(tmp_path, horizon_waiver=None)
+    st = make_study(tmp_path, waiver=None)
     pilot(st.root, lambda s: 1.0 + 1.0 / (s + 1), 1600)  # 4 × 400 fits, 4 × the configured H does not
     with pytest.raises(StudyStop, match=r"does not pass the pilot's rule \(4H is beyond the pilot\); the pilot "
                                         r"supports H = 400"):
-        st.horizon()
+        horizon(st)
 
 
 def test_a_waiver_keeps_the_horizon_and_says_so(tmp_path: Path, capsys) -> None:
-    st = make_study(tmp_path, horizon_waiver="the budget")
+    st = make_study(tmp_path, waiver="the budget")
     pilot(st.root, lambda s: 5.0 / (1 + s / 100), 2400)
-    assert st.horizon() == st.configured_horizon()
+    assert horizon(st) == configured(st)
     assert "does NOT pass the pilot's rule (gap +" in capsys.readouterr().out
 
 
@@ -87,7 +108,7 @@ def test_an_lr_refusal_no_extension_settles_stops_the_study(tmp_path: Path, monk
                   {"status": "completed", "final_val_loss": loss, "lr": lr, "format": "e4m3", "optimizer": "adamw",
                    "seed": 1}, overrides=[f"baseline.lr={lr}", "seed=1", "experiment=study_cpu_tune"])
     with pytest.raises(StudyStop, match="lr_pick refused a pick that no extension scan settles") as stop:
-        st.pick_lrs("tune")
+        st.pick_lrs(st.plan.stage("tune"))
     assert stop.value.code == 2 and not (tmp_path / "table.yaml").exists()
 
 
@@ -106,7 +127,7 @@ def test_the_cli_reports_a_stop_in_one_line(tmp_path: Path, monkeypatch, capsys)
         raise StudyStop(line, 1)
 
     monkeypatch.setattr(Study, "run", stop)
-    assert driver.main(["--root", str(tmp_path / "root"), "--records", str(tmp_path / "runs")]) == 1
+    assert cli.main(["study_cpu", "--root", str(tmp_path / "root"), "--records", str(tmp_path / "runs")]) == 1
     assert capsys.readouterr().err == f"error: {line}\n"
 
 
@@ -134,7 +155,7 @@ def test_an_edge_pick_is_extended_until_it_is_bracketed(tmp_path: Path, monkeypa
                 job(float(lr))
 
     monkeypatch.setattr(st, "train_all", fake_train_all)
-    st.pick_lrs("tune")
+    st.pick_lrs(st.plan.stage("tune"))
     assert [next(a for a in args if a.startswith("baseline.lr=")) for args in ran] == ["baseline.lr=0.03,0.1"]
     assert "experiment=study_cpu_tune" in ran[0] and "seed=101" in ran[0] and "format=e4m3" in ran[0]
     table = (tmp_path / "conf" / "tuned.yaml").read_text()
@@ -206,16 +227,19 @@ def test_the_end_of_the_budget_stops_every_running_sweep_with_sigterm(tmp_path: 
 def test_the_evaluation_runs_one_sweep_per_cell_with_several_jobs(tmp_path: Path) -> None:
     st = make_study(tmp_path)
     st.jobs = 2
-    cells = st.cells(st.plan.evaluation)
-    assert len(cells) == 7 * 3 and cells[0] == ["format=bf16_ref", "optimizer=adamw"]
-    assert cells[-1] == ["format=e7m0", "optimizer=relative"]
-    narrowed = Study(PLANS["evidence_gpu"], tmp_path / "r", tmp_path / "runs", tmp_path / "o", formats=("e4m3",))
-    assert narrowed.cells("evidence_gpu") == [[f"format={f}", f"optimizer={o}"] for f in ("bf16_ref", "e4m3")
-                                              for o in ("adamw", "manifold", "relative")]
+    cells = st.cells(["experiment=study_cpu"])
+    assert len(cells) == 7 * 3 and cells[0] == ["experiment=study_cpu", "format=bf16_ref", "optimizer=adamw"]
+    assert cells[-1] == ["experiment=study_cpu", "format=e7m0", "optimizer=relative"]
+    narrowed = Study(load_plan("evidence_gpu"), tmp_path / "r", tmp_path / "runs", tmp_path / "o",
+                     formats=("bf16_ref", "e4m3"))
+    sweeps = narrowed.stage_sweeps(narrowed.plan.stage("eval"))
+    assert [c for args in sweeps for c in narrowed.cells(args)] == [
+        ["experiment=evidence_gpu", f"format={f}", f"optimizer={o}"] for f in ("bf16_ref", "e4m3")
+        for o in ("adamw", "manifold", "relative")]
 
 
 def test_jobs_below_one_is_refused_in_one_line(tmp_path: Path, capsys) -> None:
-    assert driver.main(["--jobs", "0", "--root", str(tmp_path / "root")]) == 2
+    assert cli.main(["study_cpu", "--jobs", "0", "--root", str(tmp_path / "root")]) == 2
     assert capsys.readouterr().err == "error: --jobs=0 is invalid; valid: a whole number of sweeps ≥ 1\n"
 
 
@@ -238,30 +262,28 @@ def test_an_extension_job_a_stop_left_without_a_result_runs_again(tmp_path: Path
 
     monkeypatch.setattr(st, "train_all", fake_train_all)
     monkeypatch.setattr(st, "pick_lrs", lambda stage: None)
-    st.tune_arms()  # no "job(s) without a result" stop: the extension line ran before the check
+    st.tune(st.plan.stage("tune_arms"))  # no "job(s) without a result" stop: the extension line ran before the check
     assert ran[-1] == ["format=e4m3", "experiment=study_cpu_tune_arms", "optimizer=relative", "optimizer.lr=0.3,1",
                        "seed=101"]
 
 
 def test_a_command_lines_lists_become_one_sweep_per_job_in_hydras_order() -> None:
-    assert driver.split_lists(["experiment=e", "optimizer.lr=3e-3,1", "seed=101", "+tag=a,b"]) == [
+    assert runner.split_lists(["experiment=e", "optimizer.lr=3e-3,1", "seed=101", "+tag=a,b"]) == [
         ["experiment=e", "optimizer.lr=0.003", "seed=101", "+tag=a"],
         ["experiment=e", "optimizer.lr=0.003", "seed=101", "+tag=b"],
         ["experiment=e", "optimizer.lr=1", "seed=101", "+tag=a"],
         ["experiment=e", "optimizer.lr=1", "seed=101", "+tag=b"]]  # 0.003: how Hydra names the job dir
-    assert driver.split_lists(["format=e4m3", "hydra.sweep.dir=/x,y"]) == [["format=e4m3", "hydra.sweep.dir=/x,y"]]
+    assert runner.split_lists(["format=e4m3", "hydra.sweep.dir=/x,y"]) == [["format=e4m3", "hydra.sweep.dir=/x,y"]]
 
 
-def test_a_lone_extension_scan_runs_one_sweep_per_lr_when_cpus_are_left(tmp_path: Path, monkeypatch) -> None:
+def test_with_several_jobs_every_lr_of_a_scan_is_its_own_sweep_and_finished_ones_start_nothing(
+        tmp_path: Path, monkeypatch) -> None:
     st = make_study(tmp_path)
     st.jobs = 2
     launched = fake_sweeps(st, monkeypatch, "pass")
-    st.train_all("tune_arms", [["format=bf16_ref", "optimizer=manifold", "optimizer.lr=100,300", "seed=101"]])
-    assert [args for args, _, _ in launched] == [["format=bf16_ref", "optimizer=manifold", "optimizer.lr=100",
-                                                  "seed=101"],
-                                                 ["format=bf16_ref", "optimizer=manifold", "optimizer.lr=300",
-                                                  "seed=101"]]
-    launched.clear()  # as many sweeps as jobs: each stays one process (a resumed study pays a start-up per sweep)
-    st.train_all("tune_arms", [["optimizer=manifold", "optimizer.lr=1,3"], ["optimizer=relative", "optimizer.lr=1,3"]])
-    assert [args for args, _, _ in launched] == [["optimizer=manifold", "optimizer.lr=1,3"],
-                                                 ["optimizer=relative", "optimizer.lr=1,3"]]
+    args = ["experiment=study_cpu_tune_arms", "format=bf16_ref", "optimizer=manifold", "optimizer.lr=100,300"]
+    write_job(st.root / "tune_arms" / "format=bf16_ref,optimizer.lr=100,optimizer=manifold,seed=101",
+              {"status": "completed"})
+    st.train_all("tune_arms", [args])
+    assert [a for a, _, _ in launched] == [["experiment=study_cpu_tune_arms", "format=bf16_ref", "optimizer=manifold",
+                                            "optimizer.lr=300"]]  # lr 100 finished: no process for it
