@@ -272,7 +272,7 @@ def mechanism_table(cells: Sequence[Cell], speeds: dict) -> str:
     """Per configuration: update size in ULPs, share below ½ ULP, |w|-decile step ratio, steps to the target."""
     from altgrad.report.mechanism import decile_ratio, update_summary
 
-    fields = [f for f in varying_fields(cells) if f != "lr"]
+    fields = varying_fields(cells)  # lr too where it varies: an lr scan's rows are otherwise indistinguishable
     rows = []
     for c in cells:
         sp = speeds.get(c.key)
