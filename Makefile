@@ -2,8 +2,6 @@
 # Variables: PYTHON (interpreter that creates .venv), ARGS (extra overrides), EXP (experiment for `sweep`),
 # RUN (sweep dir for `report`), NAME (benchmark for `bench`), TORCH_INDEX (extra index for the CPU torch wheel).
 PYTHON ?= python3
-EVIDENCE ?= multirun/evidence-cpu
-JOBLIB ?= hydra/launcher=joblib hydra.launcher.n_jobs=2
 # make study: the current study (conf/study/$(STUDY).yaml), sweeps at once, one thread each (the committed study
 # records were computed with one thread); EURLEX: the eurlex-en folder (docs/data.md) study 2 reads
 STUDY ?= ongrid
@@ -22,7 +20,7 @@ EVIDENCE_DATA ?= $(CURDIR)/.cache/evidence-gpu
 EVIDENCE_BUDGET ?= 540
 
 .DEFAULT_GOAL := help
-.PHONY: install train test test-slow test-gpu bench-gpu sweep report bench evidence-cpu study evidence-gpu-data evidence-gpu lint clean help
+.PHONY: install train test test-slow test-gpu bench-gpu sweep report bench study evidence-gpu-data evidence-gpu lint clean help
 
 # torch goes in first, pinned to the CPU build: a looser spec would pull the multi-GB CUDA wheels.
 $(STAMP): pyproject.toml
@@ -36,8 +34,8 @@ install: $(STAMP) ## create .venv (if missing), install the CPU torch wheel, the
 train: $(STAMP) ## train the default nanoGPT on the embedded corpus (≈2 min on 2 CPU cores); ARGS='key=value ...'
 	$(BIN)/python -m altgrad.train $(ARGS)
 
-test: $(STAMP) ## run the test suite (slow end-to-end tests excluded)
-	$(BIN)/python -m pytest -q $(ARGS)
+test: $(STAMP) ## run the test suite (slow end-to-end tests excluded); EURLEX=DIR also reruns study-2 records
+	$(BIN)/python -m pytest -q $(if $(EURLEX),--eurlex=$(abspath $(EURLEX))) $(ARGS)
 
 test-slow: $(STAMP) ## run only the slow tests (full default run, torch.compile, ...)
 	$(BIN)/python -m pytest -q -m slow $(ARGS)
@@ -59,15 +57,6 @@ report: $(STAMP) ## report on a sweep (default: the latest multirun/DATE/TIME): 
 
 bench: $(STAMP) ## micro-benchmarks: make bench NAME=quantize (default: all)
 	$(BIN)/python -m altgrad.bench $(NAME) $(ARGS)
-
-evidence-cpu: $(STAMP) ## the committed CPU evidence: lr scans → lr pick → manifold_ab_cpu + failure_stage_cpu → report (≈1.5 h, 2 cores)
-	OMP_NUM_THREADS=1 $(BIN)/python -m altgrad.train experiment=lr_scan_cpu $(JOBLIB) hydra.sweep.dir=$(EVIDENCE)/lr_scan_cpu || true
-	OMP_NUM_THREADS=1 $(BIN)/python -m altgrad.train experiment=lr_scan_cpu_ulp $(JOBLIB) hydra.sweep.dir=$(EVIDENCE)/lr_scan_cpu_ulp || true
-	$(BIN)/python -m altgrad.sweep.lr_pick $(EVIDENCE)/lr_scan_cpu $(EVIDENCE)/lr_scan_cpu_ulp --write
-	OMP_NUM_THREADS=1 $(BIN)/python -m altgrad.train experiment=manifold_ab_cpu $(JOBLIB) hydra.sweep.dir=$(EVIDENCE)/manifold_ab_cpu || true
-	OMP_NUM_THREADS=1 $(BIN)/python -m altgrad.train experiment=failure_stage_cpu $(JOBLIB) hydra.sweep.dir=$(EVIDENCE)/failure_stage_cpu || true
-	$(BIN)/python -m altgrad.report $(EVIDENCE)/manifold_ab_cpu $(EVIDENCE)/failure_stage_cpu --out $(EVIDENCE)/report
-	$(BIN)/python -m altgrad.report $(EVIDENCE)/lr_scan_cpu $(EVIDENCE)/lr_scan_cpu_ulp --out $(EVIDENCE)/report/lr_scan
 
 study: $(STAMP) ## the study conf/study/$(STUDY).yaml, resumable (rerun to go on): make study EURLEX=/path/to/eurlex-en
 	OMP_NUM_THREADS=1 $(BIN)/python -m altgrad.study $(STUDY) --jobs $(STUDY_JOBS) $(if $(EURLEX),--set data.dir=$(abspath $(EURLEX))) $(ARGS)

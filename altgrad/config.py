@@ -2,7 +2,10 @@
 
 Hydra composes plain YAML; `validate(cfg)` merges each section into its dataclass schema (types, unknown keys),
 builds the dataclass (ranges and choices in `__post_init__`) and returns them as one `RunConfig`, what `train()`
-reads. Any problem becomes one `ConfigError` line, e.g. ``trainer.max_steps='abc' is invalid: expected an integer``.
+reads. The schemas hold types and checks, not a second set of defaults: a key every option of a group states is
+`???` here (required); only keys some options leave out (the data sources' own keys, optimizer.label) have a value
+here, the one that applies when they are absent.
+Any problem becomes one `ConfigError` line, e.g. ``trainer.max_steps='abc' is invalid: expected an integer``.
 Sections other workers extend (format, layer_map, optimizer, quant) check the keys they rely on and accept extra
 ones; what is built from them by `_target_` is built from the composed config (`RunConfig.composed`).
 """
@@ -13,7 +16,7 @@ import dataclasses
 import math
 import os
 import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
@@ -41,11 +44,10 @@ def _check(ok: bool, key: str, value: Any, expected: str) -> None:
 
 
 def valid_formats() -> list[str]:
-    """Format names `format.name` may take: the quantization presets plus `fp32` (no quantization)."""
-    try:
-        from altgrad.quant import list_formats
-    except ImportError:  # the quantization core is optional for the plain fp32 bench
-        return ["fp32"]
+    """Preset names `format.name` may take: the quantization presets plus `fp32` (no quantization). Any other name
+    is a format of its own, defined by format.ebits, mbits, bias and policy (see FormatSchema)."""
+    from altgrad.quant import list_formats
+
     return sorted(set(list_formats()) | {"fp32"})
 
 
@@ -59,16 +61,16 @@ def valid_tokenizers() -> list[str]:
 # --- schemas ---------------------------------------------------------------------------------------------------
 @dataclass
 class ModelSchema:
-    """`model=` group: GPT shape; vocab_size null takes the tokenizer's vocabulary."""
+    """`model=` group: GPT shape (altgrad.model.GPTConfig's fields); vocab_size null takes the tokenizer's."""
 
     name: str = MISSING
-    block_size: int = 128
-    vocab_size: Optional[int] = None
-    n_layer: int = 4
-    n_head: int = 4
-    n_embd: int = 128
-    dropout: float = 0.0
-    bias: bool = False
+    block_size: int = MISSING
+    vocab_size: Optional[int] = MISSING
+    n_layer: int = MISSING
+    n_head: int = MISSING
+    n_embd: int = MISSING
+    dropout: float = MISSING
+    bias: bool = MISSING
 
     def __post_init__(self) -> None:
         for key in ("block_size", "n_layer", "n_head", "n_embd"):
@@ -82,19 +84,24 @@ class ModelSchema:
 
 @dataclass
 class DataSchema:
-    """`data=` group: where text comes from, how it is tokenized and cached, and how batches are drawn."""
+    """`data=` group: where text comes from, how it is tokenized and cached, and how batches are drawn.
 
-    _target_: str = "altgrad.data.TextDataModule"
+    Every option states the keys up to num_workers. The keys after it belong to some sources only (val_fraction:
+    all but folder; embedded: corpus_*; hub: hub_path, config_name, split, text_field; local: path, text_field;
+    folder: dir, train_file, val_file, checksums): an option leaves out those it does not use, and the values here
+    are altgrad.data.TextDataModule's defaults, which it then runs with, so the checks see what the run uses."""
+
+    _target_: str = MISSING
     name: str = MISSING
-    source: str = "embedded"
-    tokenizer: str = "bytes"
-    block_size: int = 128
-    batch_size: int = 16
-    seed: int = 0
+    source: str = MISSING
+    tokenizer: str = MISSING
+    block_size: int = MISSING
+    batch_size: int = MISSING
+    seed: int = MISSING
+    val_batches: int = MISSING
+    cache_dir: str = MISSING
+    num_workers: int = MISSING
     val_fraction: float = 0.05
-    val_batches: int = 8
-    cache_dir: str = "~/.cache/altgrad"
-    num_workers: int = 0
     corpus_seed: int = 0
     corpus_chars: int = 5_000_000
     hub_path: Optional[str] = None
@@ -136,31 +143,34 @@ MATMUL_PRECISIONS = ("highest", "high", "medium")
 # Measured by the job bench (docs/benchmarks/job.md): a compiled CPU job paid more in compiles than its steps won back.
 CPU_COMPILE_REFUSED = ("trainer.compile=true is off on the CPU (trainer.accelerator=cpu): torch.compile made CPU jobs "
                        "slower, not faster (docs/benchmarks/job.md); valid: trainer.compile=false, or trainer=gpu; "
-                       "ALTGRAD_CPU_COMPILE=1 compiles on the CPU anyway")
+                       "trainer.compile=force compiles on the CPU anyway")
+COMPILE_CHOICES = (False, True, "force")
+"""`trainer.compile`: false, true (refused on the CPU), force (compile on any accelerator)."""
 
 
 @dataclass
 class TrainerSchema:
-    """`trainer=` group: Lightning Trainer settings plus the bench's own (checkpoint interval, compile, MFU peak)."""
+    """`trainer=` group: Lightning Trainer settings plus the bench's own (checkpoint interval, compile, MFU peak);
+    conf/trainer/default.yaml states each one's default."""
 
     name: str = MISSING
-    accelerator: str = "cpu"
-    devices: Any = 1
-    precision: str = "32-true"
-    max_steps: int = 300
-    val_check_interval: int = 100
-    log_every_n_steps: int = 10
-    gradient_clip_val: Optional[float] = 1.0
-    accumulate_grad_batches: int = 1
-    checkpoint_every_n_steps: int = 100
-    initial_validation: bool = True
-    deterministic: bool = False
-    compile: bool = False
-    matmul_precision: str = "highest"
-    keep_freed_memory: bool = True
-    peak_flops: Optional[float] = None
-    sample_tokens: int = 0
-    progress_refresh: int = 10
+    accelerator: str = MISSING
+    devices: Any = MISSING
+    precision: str = MISSING
+    max_steps: int = MISSING
+    val_check_interval: int = MISSING
+    log_every_n_steps: int = MISSING
+    gradient_clip_val: Optional[float] = MISSING
+    accumulate_grad_batches: int = MISSING
+    checkpoint_every_n_steps: int = MISSING
+    initial_validation: bool = MISSING
+    deterministic: bool = MISSING
+    compile: Any = MISSING  # false | true | force (COMPILE_CHOICES)
+    matmul_precision: str = MISSING
+    keep_freed_memory: bool = MISSING
+    peak_flops: Optional[float] = MISSING
+    sample_tokens: int = MISSING
+    progress_refresh: int = MISSING
 
     def __post_init__(self) -> None:
         _choice("trainer.accelerator", self.accelerator, ACCELERATORS)
@@ -176,7 +186,9 @@ class TrainerSchema:
                self.gradient_clip_val, "null or a float > 0")
         _check(self.peak_flops is None or self.peak_flops > 0, "trainer.peak_flops", self.peak_flops,
                "null or the hardware's peak FLOP/s > 0")
-        if self.compile and self.accelerator == "cpu" and os.environ.get("ALTGRAD_CPU_COMPILE") != "1":
+        if not any(self.compile is c or self.compile == c for c in COMPILE_CHOICES):
+            raise ConfigError(f"trainer.compile={self.compile!r} is not valid; valid: false, true, force")
+        if self.compile is True and self.accelerator == "cpu":
             raise ConfigError(CPU_COMPILE_REFUSED)
 
 
@@ -184,9 +196,9 @@ class TrainerSchema:
 class ScheduleSchema:
     """nanoGPT's learning-rate schedule: linear warm-up, cosine decay to min_lr_ratio·lr by decay_steps."""
 
-    warmup_steps: int = 30
-    decay_steps: Optional[int] = None
-    min_lr_ratio: float = 0.1
+    warmup_steps: int = MISSING
+    decay_steps: Optional[int] = MISSING
+    min_lr_ratio: float = MISSING
 
     def __post_init__(self) -> None:
         _check(self.warmup_steps >= 0, "schedule.warmup_steps", self.warmup_steps, "an integer >= 0")
@@ -195,18 +207,26 @@ class ScheduleSchema:
         _check(0.0 <= self.min_lr_ratio <= 1.0, "schedule.min_lr_ratio", self.min_lr_ratio, "a float in [0, 1]")
 
 
+OPTIM_KERNELS = ("compiled", "eager")
+"""`optimizer.kernel` of ManifoldAdamW, RelativeAdamW and GridOptim: their fused per-tensor step through
+torch.compile (`make train`'s), or eager torch ops (see each optimizer for what its eager step is)."""
+
+
 @dataclass
 class OptimizerSchema:
     """`optimizer=` group: a `_partial_` Hydra target plus `name` and hyper-parameters (extra keys allowed)."""
 
     _target_: str = MISSING
-    _partial_: bool = True
+    _partial_: bool = MISSING
     name: str = MISSING
     lr: float = MISSING
-    weight_decay: float = 0.0
-    label: Optional[str] = None  # how reports name the arm (default: name)
+    weight_decay: float = MISSING
+    label: Optional[str] = None  # how reports name the arm (absent or null: name)
+    kernel: Optional[str] = None  # the step's implementation, for the optimizers that have several (OPTIM_KERNELS)
 
     def __post_init__(self) -> None:
+        if self.kernel is not None:
+            _choice("optimizer.kernel", self.kernel, OPTIM_KERNELS)
         _check(self._partial_ is True, "optimizer._partial_", self._partial_,
                "true (the module supplies the parameter groups)")
         _check(self.lr > 0 and math.isfinite(self.lr), "optimizer.lr", self.lr, "a finite float > 0")
@@ -215,27 +235,39 @@ class OptimizerSchema:
 
 @dataclass
 class FormatSchema:
-    """`format=` group (owned by the quantization layer): the keys the bench checks; extra keys are allowed."""
+    """`format=` group (owned by the quantization layer): the keys the bench checks; extra keys are allowed.
+
+    `name` is a preset (altgrad.quant.list_formats, or fp32) whose fields ebits/mbits/bias/policy may be overridden,
+    or a name of its own when all four are given: a format defined in its YAML file (docs/extending.md). `label` is
+    how runs and reports name the option (conf/format/_base: the name; bf16_ref: its own)."""
 
     name: str = MISSING
-    grad: Optional[str] = None
-    rounding: str = "nearest"
-    overflow: str = "saturate"
-    scaling: dict[str, Any] = field(default_factory=dict)  # checked by altgrad.quant.ScalingSpec
-    ebits: Optional[int] = None
-    mbits: Optional[int] = None
-    bias: Optional[int] = None
-    policy: Optional[str] = None
+    label: str = MISSING
+    grad: Optional[str] = MISSING
+    rounding: str = MISSING
+    overflow: str = MISSING
+    scaling: dict[str, Any] = MISSING  # checked by altgrad.quant.ScalingSpec
+    ebits: Optional[int] = MISSING
+    mbits: Optional[int] = MISSING
+    bias: Optional[int] = MISSING
+    policy: Optional[str] = MISSING
 
     def __post_init__(self) -> None:
+        from altgrad.quant import OVERFLOWS, ROUNDINGS, ScalingSpec
+        from altgrad.quant.layer_map import FORMAT_FIELDS, UNQUANTIZED, resolve_format
+
         formats = valid_formats()
-        _choice("format.name", self.name, formats)
+        fields = {k: getattr(self, k) for k in FORMAT_FIELDS}
+        if self.name not in formats and any(v is None for v in fields.values()):
+            raise ConfigError(f"format.name={self.name!r} is not valid; valid: {', '.join(formats)}, or a name of its "
+                              f"own with format.{', format.'.join(FORMAT_FIELDS)} all set")
+        if self.name not in UNQUANTIZED:
+            try:
+                resolve_format(self.name, fields)
+            except ValueError as err:  # FloatFormat's one line names the field, the value and what is valid
+                raise ConfigError(str(err).replace("FloatFormat.", "format.")) from None
         if self.grad is not None:
             _choice("format.grad", self.grad, formats)
-        try:  # the quantization core defines the choices; the plain fp32 bench may run without it
-            from altgrad.quant import OVERFLOWS, ROUNDINGS, ScalingSpec
-        except ImportError:
-            return
         _choice("format.rounding", self.rounding, ROUNDINGS)
         _choice("format.overflow", self.overflow, OVERFLOWS)
         try:
@@ -262,20 +294,24 @@ STORAGE_ROUNDINGS = ("nearest", "stochastic")
 """`quant.storage_rounding`: how weights are put back on their grid after each step when quant.master=none."""
 STATS_POLICIES = ("demand", "always")
 """`quant.stats`: quantizer statistics only on the steps a diagnostic reads them, or on every call."""
+QUANT_KERNELS = ("auto", "native", "compiled", "eager")
+"""`quant.kernel`: how quantizer calls run (altgrad.quant.compiled.KERNELS; the same bits on every road)."""
 
 
 @dataclass
 class QuantSchema:
     """`quant:` section: the weight-storage policy and when quantizers record statistics (FakeQuantCallback's)."""
 
-    master: str = "fp32"
-    storage_rounding: str = "nearest"
-    stats: str = "demand"
+    master: str = MISSING
+    storage_rounding: str = MISSING
+    stats: str = MISSING
+    kernel: str = MISSING
 
     def __post_init__(self) -> None:
         _choice("quant.master", self.master, MASTER_POLICIES)
         _choice("quant.storage_rounding", self.storage_rounding, STORAGE_ROUNDINGS)
         _choice("quant.stats", self.stats, STATS_POLICIES)
+        _choice("quant.kernel", self.kernel, QUANT_KERNELS)
 
 
 @dataclass
@@ -285,7 +321,7 @@ class PathsSchema:
 
 @dataclass(frozen=True)
 class RunConfig:
-    """A checked run configuration: one typed object per section (defaults from the schemas above) and the scalars.
+    """A checked run configuration: one typed object per section (as composed from conf/) and the scalars.
 
     `composed` is the DictConfig it was checked from: the parts built by `_target_` (data, optimizer, loggers,
     callbacks, the layer map) are built from it, since their owners' keys beyond the schema's are kept there, and
@@ -318,6 +354,12 @@ class RunConfig:
     def optimizer_label(self) -> str:
         """How reports name the arm: optimizer.label, else optimizer.name."""
         return self.optimizer.label or self.optimizer.name
+
+    @property
+    def format_label(self) -> str:
+        """How runs and reports name the format option: format.label (e.g. bf16_ref for bf16 with unquantized
+        gradients), else format.name."""
+        return self.format.label or self.format.name
 
     @property
     def decay_steps(self) -> int:

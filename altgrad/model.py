@@ -16,13 +16,16 @@ from torch import nn
 
 @dataclass
 class GPTConfig:
-    """Shape of a GPT: context length, vocabulary, depth, heads, width, dropout, and whether Linears have biases."""
+    """Shape of a GPT: context length, vocabulary, depth, heads, width, dropout, and whether Linears have biases.
 
-    block_size: int = 128
-    vocab_size: int = 257
-    n_layer: int = 4
-    n_head: int = 4
-    n_embd: int = 128
+    The shape has no default here: the presets are conf/model/*.yaml (nano, gpt_50m, gpt2_124m). Dropout and biases
+    are off unless asked for, as in the presets."""
+
+    block_size: int
+    vocab_size: int
+    n_layer: int
+    n_head: int
+    n_embd: int
     dropout: float = 0.0
     bias: bool = False
 

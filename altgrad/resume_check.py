@@ -24,8 +24,12 @@ RECORD = "altgrad"  # the checkpoint key LastCheckpoint writes: {"config": resol
 # What shapes a checkpoint's state; everything else (steps, intervals, paths, loggers, callbacks) may change.
 STATE_KEYS = ("seed", "model", "format", "layer_map", "quant.master", "quant.storage_rounding", "optimizer", "data",
               "trainer.accumulate_grad_batches")
-# Below STATE_KEYS, keys that say where data is cached or how it is loaded, not what it is.
-NOT_STATE = ("data.cache_dir", "data.num_workers")
+# Below STATE_KEYS, keys that say where data is cached or how it is loaded, not what it is, or how a run is named;
+# quant.kernel: how quantizer calls run (every road gives the same bits).
+NOT_STATE = ("data.cache_dir", "data.num_workers", "format.label", "quant.kernel")
+# Keys added after records were written, with the value a record without them ran (optimizer.kernel: the compiled
+# step was the only one outside tests); a stored config lacking them compares as if it had that value.
+LATER_KEYS = {"optimizer.kernel": ("compiled", ("ManifoldAdamW", "RelativeAdamW", "GridOptim"))}
 OVERRIDE = "resume_with_new_config"
 # The model's tensor shapes (and what the weights mean): never overridable, the weights would not fit.
 SHAPE_KEYS = ("model.block_size", "model.vocab_size", "model.n_layer", "model.n_head", "model.n_embd", "model.bias")
@@ -48,11 +52,16 @@ class ResumePlan:
 
 
 def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
-    """A nested config as {"dotted.key": leaf}, the form both resume checks compare."""
+    """A nested config as {"dotted.key": leaf}, the form both resume checks compare (LATER_KEYS filled in)."""
     if isinstance(node, dict):
         out: dict[str, Any] = {}
         for key, value in node.items():
             out.update(flatten(value, f"{prefix}{key}."))
+        if not prefix:
+            target = str(out.get("optimizer._target_", "")).rsplit(".", 1)[-1]
+            for key, (value, targets) in LATER_KEYS.items():
+                if key not in out and target in targets:
+                    out[key] = value
         return out
     return {prefix[:-1]: node}
 

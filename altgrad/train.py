@@ -56,7 +56,8 @@ def build_fake_quant(run: RunConfig, run_dir: Path) -> FakeQuantCallback:
 
     q = run.quant
     return FakeQuantCallback(run.composed.format, run.composed.layer_map, master=q.master,
-                             storage_rounding=q.storage_rounding, seed=run.seed, run_dir=run_dir, stats=q.stats)
+                             storage_rounding=q.storage_rounding, seed=run.seed, run_dir=run_dir, stats=q.stats,
+                             kernel=q.kernel)
 
 
 def build_callbacks(run: RunConfig, run_dir: Path, resume: ResumePlan | None = None) -> list[L.Callback]:
@@ -161,7 +162,7 @@ def base_summary(run: RunConfig) -> dict[str, Any]:
         "tokens_per_second": None,
         "wall_seconds": None,
         "seed": run.seed,
-        "format": run.format.name,
+        "format": run.format_label,
         "optimizer": run.optimizer.name,
         "optimizer_label": run.optimizer_label,
         "layer_map": run.layer_map.name,

@@ -1,5 +1,6 @@
-"""Shared set-up: an offline environment, with eager quantization kernels and tmp caches, for the tests that run
-`python -m altgrad.train` in a subprocess."""
+"""Shared set-up: an offline environment with tmp caches for the tests that run `python -m altgrad.train` in a
+subprocess. Nothing in it chooses an implementation: the jobs take the path `make train` takes (quant.kernel=auto,
+the native CPU kernel; the optimizers' compiled steps)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,10 @@ import pytest
 
 @pytest.fixture(scope="session")
 def offline_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """Environment for `python -m altgrad.train` subprocesses: no network, no compile, caches under pytest's tmp."""
+    """Environment for `python -m altgrad.train` subprocesses: no network, caches under pytest's tmp."""
     root = tmp_path_factory.mktemp("offline_env")
     return {
         **os.environ,
-        "ALTGRAD_COMPILE": "0",  # eager kernels: compiling would dominate few-step jobs (compile parity: tests/quant)
         "ALTGRAD_CACHE": str(root / "altgrad_cache"),
         "WANDB_MODE": "offline",
         "WANDB_SILENT": "true",
@@ -24,3 +24,18 @@ def offline_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
         "HF_HOME": str(root / "hf_home"),
         "HYDRA_FULL_ERROR": "0",
     }
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--eurlex", default=None, metavar="DIR",
+                     help="the eurlex-en folder (docs/data.md): rerun committed study-2 records and match them "
+                          "(make test EURLEX=DIR)")
+
+
+@pytest.fixture(scope="session")
+def eurlex(request: pytest.FixtureRequest) -> str:
+    """The eurlex-en folder given with --eurlex; tests that need the real text skip without it."""
+    folder = request.config.getoption("--eurlex")
+    if not folder:
+        pytest.skip("needs the eurlex-en files: run with --eurlex DIR (make test EURLEX=DIR)")
+    return str(folder)

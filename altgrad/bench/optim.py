@@ -4,7 +4,7 @@ Every optimizer steps its own copy of the same quantized nano GPT (layer map ``u
 the same fixed gradients; steps are timed round-robin (one step of each optimizer per round) so machine load hits
 all of them alike.  The table reports per optimizer the median wall-clock time of a step and the median CPU time
 the process spent in it (immune to other processes taking the cores of a shared machine), each with its ratio to
-AdamW.  The fused kernels are compiled during the warm-up steps (unless ALTGRAD_COMPILE=0).
+AdamW.  The fused kernels are compiled during the warm-up steps (optimizer.kernel=compiled, the default).
 
     python -m altgrad.bench optim [--steps 200] [--warmup 20] [--format e4m3] [--threads N]
 """
@@ -18,12 +18,17 @@ import time
 from typing import Any
 
 import torch
+from omegaconf import OmegaConf
 
 from altgrad.callbacks.fake_quant import FakeQuantCallback
-from altgrad.model import GPT, GPTConfig
+from altgrad.bench.step import CONF, nano_model
+from altgrad.model import GPT
 from altgrad.optim import build_optimizer
 
 TARGET_RATIO = 2.0
+_BASELINE = OmegaConf.load(CONF / "train.yaml").baseline
+PLAIN = {"plain_lr": _BASELINE.lr, "plain_betas": list(_BASELINE.betas), "plain_eps": _BASELINE.eps}
+"""The grid-less parameters' AdamW hyper-parameters: conf/train.yaml's baseline, as the optimizer configs pass them."""
 
 # label → optimizer config (the conf/optimizer files' targets with their default hyper-parameters)
 CONFIGS: dict[str, dict[str, Any]] = {
@@ -43,8 +48,7 @@ CHECKED = ("manifold[update]", "grid[adam]")  # the issue's ≤ 2× target appli
 
 def quantized_nano(fmt: str) -> GPT:
     """The nano GPT (conf/model/nano.yaml shapes, byte vocabulary) with every Linear fake-quantized in ``fmt``."""
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(block_size=128, vocab_size=257, n_layer=4, n_head=4, n_embd=128, bias=False))
+    model, _ = nano_model(seed=0, vocab_size=257)
     format_cfg = {"name": fmt, "grad": None, "rounding": "nearest", "overflow": "saturate",
                   "scaling": {"kind": "tensor", "pow2": True}}
     FakeQuantCallback(format_cfg, {"base_rules": []}).apply(model)
@@ -60,7 +64,8 @@ def measure(steps: int, warmup: int, fmt: str) -> list[tuple[str, float, float, 
         model = copy.deepcopy(base)
         for p in model.parameters():
             p.grad = torch.randn(p.shape, generator=gen) * 1e-3
-        optimizer, info = build_optimizer({"name": label, **cfg}, model)
+        plain = PLAIN if cfg["_target_"].startswith("altgrad.") else {}
+        optimizer, info = build_optimizer({"name": label, **plain, **cfg}, model)
         runs.append((label, optimizer, info, [], []))
     for i in range(warmup + steps):
         for _, optimizer, _, wall, cpu in runs:

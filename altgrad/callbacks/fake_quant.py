@@ -31,6 +31,7 @@ from torch import nn
 
 from altgrad.atomic import write_json
 from altgrad.config import QuantSchema
+from altgrad.errors import ConfigError
 from altgrad.quant.fake_quant import GradQuantizer, StatsRecord, TensorQuantizer, set_track_stats
 from altgrad.quant.layer_map import LayerMap, ResolvedLayer
 from altgrad.quant.layers import iter_quant_linears, quantize_linears
@@ -51,8 +52,9 @@ def needs_quant_stats(trainer: L.Trainer) -> bool:
     return False
 
 
-def precision_table(resolved: Mapping[str, ResolvedLayer]) -> str:
-    """A fixed-width table of module → weight/input/grad formats and scaling, for the run log."""
+def precision_table(resolved: Mapping[str, ResolvedLayer], roads: Mapping[str, str] | None = None) -> str:
+    """A fixed-width table of module → weight/input/grad formats, scaling and (given ``roads``, module → road) the
+    kernel its quantizer calls take, for the run log."""
 
     def cell(spec: Any) -> str:
         if spec is None:
@@ -60,11 +62,12 @@ def precision_table(resolved: Mapping[str, ResolvedLayer]) -> str:
         name = spec.format.name or f"e{spec.format.ebits}m{spec.format.mbits}b{spec.format.bias}"
         return name if spec.rounding == "nearest" else f"{name}/{spec.rounding[:5]}"
 
-    rows = [("module", "weight", "input", "grad", "scaling")]
+    rows = [("module", "weight", "input", "grad", "scaling") + (("kernel",) if roads is not None else ())]
     for name, r in resolved.items():
         any_spec = r.weight or r.input or r.grad
         scaling = "-" if any_spec is None else any_spec.scaling.kind + ("/pow2" if any_spec.scaling.pow2 else "")
-        rows.append((name + (" (tied)" if r.tied else ""), cell(r.weight), cell(r.input), cell(r.grad), scaling))
+        row = (name + (" (tied)" if r.tied else ""), cell(r.weight), cell(r.input), cell(r.grad), scaling)
+        rows.append(row + ((roads.get(name, "-"),) if roads is not None else ()))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows)
 
@@ -81,8 +84,9 @@ class FakeQuantCallback(L.Callback):
         seed: int = 0,
         run_dir: str | os.PathLike | None = None,
         stats: str = "demand",
+        kernel: str = "auto",
     ) -> None:
-        QuantSchema(master, storage_rounding, stats)  # ConfigError (a ValueError) naming a bad choice
+        QuantSchema(master, storage_rounding, stats, kernel)  # ConfigError (a ValueError) naming a bad choice
         self.layer_map = LayerMap.from_config(layer_map_cfg, format_cfg)
         self.master = master
         self.storage_rounding = storage_rounding
@@ -90,6 +94,7 @@ class FakeQuantCallback(L.Callback):
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.resolved: dict[str, ResolvedLayer] = {}
         self.stats = stats
+        self.kernel = kernel  # quant.kernel: resolved per quantizer for the trainer's device in setup
         self.record = StatsRecord()
         self._quantizers: list[nn.Module] | None = None
         self._stats_on: bool | None = None  # the flags as this callback last set them (None: not yet)
@@ -101,21 +106,34 @@ class FakeQuantCallback(L.Callback):
         if any(True for _ in iter_quant_linears(model)):
             return self.resolved  # already applied (e.g. setup called for another stage)
         self.resolved = self.layer_map.resolve(model)
-        quantize_linears(model, self.resolved)
+        quantize_linears(model, self.resolved, kernel=self.kernel)
         return self.resolved
+
+    def resolve_kernel(self, model: nn.Module, device: torch.device | str | None) -> dict[str, str]:
+        """``quant.kernel`` resolved once for every quantizer of ``model`` on ``device``: layer → its road(s)."""
+        roads = {}
+        for name, ql in iter_quant_linears(model):
+            found = {role: q.use_kernel(self.kernel, device) for role, q in ql.quantizers()}
+            roads[name] = "/".join(dict.fromkeys(found.values()))
+        return roads
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         first = not any(True for _ in iter_quant_linears(pl_module.model))
         resolved = self.apply(pl_module.model)
         if not first:
             return
-        table = precision_table(resolved)
+        try:
+            roads = self.resolve_kernel(pl_module.model, trainer.strategy.root_device)
+        except ValueError as err:  # quant.kernel=native where it cannot serve: one line, before any step
+            raise ConfigError(str(err)) from None
+        table = precision_table(resolved, roads)
         if trainer.is_global_zero:
-            log.info("resolved layer precision (master=%s, storage_rounding=%s):\n%s",
-                     self.master, self.storage_rounding, table)
+            log.info("resolved layer precision (master=%s, storage_rounding=%s, quant.kernel=%s):\n%s",
+                     self.master, self.storage_rounding, self.kernel, table)
             if not (log.isEnabledFor(logging.INFO) and logging.getLogger().handlers):
                 # no logging set up (a Trainer outside Hydra's entry point): the table must still be seen once
-                print(f"Layer precision (master={self.master}, storage={self.storage_rounding}):\n{table}", flush=True)
+                print(f"Layer precision (master={self.master}, storage={self.storage_rounding}, "
+                      f"quant.kernel={self.kernel}):\n{table}", flush=True)
             self._save_json(trainer, resolved)
 
     def _save_json(self, trainer: L.Trainer, resolved: Mapping[str, ResolvedLayer]) -> None:

@@ -210,16 +210,17 @@ class FlipCallback(Instrument):
             after = g.gather()
             intended = g.intended if g.intended is not None else after - g.before  # no post-hook ran
             fmt, overflow, _ = g.spec_key
-            q_before = quantize_scaled(g.before, fmt, g.scale, "nearest", overflow)
-            q_after = quantize_scaled(after, fmt, g.scale, "nearest", overflow)
-            k = native.kernel()
+            kernel = g.members[0].layer.weight_q.call_kernel  # the road quant.kernel resolved for these weights
+            q_before = quantize_scaled(g.before, fmt, g.scale, "nearest", overflow, kernel=kernel)
+            q_after = quantize_scaled(after, fmt, g.scale, "nearest", overflow, kernel=kernel)
+            k = native.kernel() if kernel in ("auto", "native") else None
             if k is not None and all(native.takes(t) for t in (q_before, q_after, intended)):
                 # the native kernel: the eager function's sums (same order, float32), no per-process compile
                 sums, g.last_direction = native.flip_sums(k, q_before, q_after, intended, g.last_direction, g.starts)
                 counts = counts_from_sums(sums)
             else:
                 counts, g.last_direction = _fused_counts(q_before, q_after, intended, g.last_direction, g.segments,
-                                                         len(g.members))
+                                                         len(g.members), compiled=kernel != "eager")
             g.acc += torch.cat([counts, counts.new_ones(counts.shape[0], 1)], dim=1)
             g.osc_ema = ema_update(g.osc_ema, counts[:, 2] / g.sizes, self.momentum)
             g.before = g.intended = g.scale = None

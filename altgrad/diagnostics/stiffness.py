@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import torch
 
+from altgrad.quant.ulp import scaled_ulp
+
 
 def log2_stiffness(w: torch.Tensor, fmt, scale: torch.Tensor | float) -> torch.Tensor:
-    """log2 of S = ulp(w·s)/s for every element (float32, w's shape); ``fmt`` is a FloatFormat."""
-    s = torch.as_tensor(scale, dtype=torch.float32, device=w.device)
-    return torch.log2(fmt.ulp(w.detach().float() * s) / s)
+    """log2 of S = ulp(w·s)/s (``altgrad.quant.ulp.scaled_ulp``) for every element (float32, w's shape); ``fmt`` is
+    a FloatFormat."""
+    return torch.log2(scaled_ulp(w, fmt, scale))
 
 
 def pearson(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import torch
 
+from altgrad.quant.ulp import scaled_ulp
+
 QUANTILES = (0.1, 0.5, 0.9)
 DECILES = 10
 
 
 def ulp_ratio(delta: torch.Tensor, w: torch.Tensor, fmt, scale: torch.Tensor | float) -> torch.Tensor:
     """|Δw| / S(w) elementwise, S(w) = ulp(w·s)/s on ``fmt`` (a FloatFormat) at scale ``s`` (broadcastable)."""
-    s = torch.as_tensor(scale, dtype=torch.float32, device=w.device)
-    spacing = fmt.ulp(w.detach().float() * s) / s
-    return delta.detach().float().abs() / spacing
+    return delta.detach().float().abs() / scaled_ulp(w, fmt, scale)
 
 
 def decile_index(magnitude: torch.Tensor) -> torch.Tensor:

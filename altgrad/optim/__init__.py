@@ -1,7 +1,7 @@
 """ULP-aware optimizers (ManifoldAdamW, GridOptim), the Madam anchor, the relative-step control (RelativeAdamW),
 and the config-driven factory."""
 
-from altgrad.optim.base import PLAIN_BETAS, PLAIN_EPS, PLAIN_LR, QuantAwareOptimizer
+from altgrad.optim.base import QuantAwareOptimizer
 from altgrad.optim.factory import build_optimizer, weight_decay_groups
 from altgrad.optim.grid import GridOptim
 from altgrad.optim.grid_walk import grid_ordinal, ordinal_value, walk
@@ -11,9 +11,6 @@ from altgrad.optim.relative import RelativeAdamW
 from altgrad.optim.stiffness import STIFFNESS_KINDS, Grid, stiffness
 
 __all__ = [
-    "PLAIN_BETAS",
-    "PLAIN_EPS",
-    "PLAIN_LR",
     "STIFFNESS_KINDS",
     "Grid",
     "GridOptim",

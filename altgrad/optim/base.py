@@ -21,11 +21,6 @@ from torch.optim import Optimizer
 from altgrad.optim.adam import adamw_step_, hyper_tensor, init_adam_state
 from altgrad.optim.stiffness import Grid
 
-PLAIN_LR = 5e-3  # AdamW lr of the plain (grid-less) groups, real units: conf/train.yaml's baseline.lr
-PLAIN_BETAS = (0.9, 0.99)  # conf/train.yaml's baseline.betas: plain groups step like the baseline
-PLAIN_EPS = 1e-8
-
-
 class QuantAwareOptimizer(Optimizer, metaclass=abc.ABCMeta):
     """Base class: splits every param group into a rule group (has a grid) and a plain AdamW group.
 
@@ -34,7 +29,9 @@ class QuantAwareOptimizer(Optimizer, metaclass=abc.ABCMeta):
     "no split": every parameter takes the rule, which only rules that need no grid (``needs_grid = False``) allow.
     Each group carries ``plain: bool``.  Plain groups take ``plain_lr``, ``plain_betas``, ``plain_eps`` and, when
     ``plain_weight_decay`` is given, AdamW's decay split: tensors of ≥ 2 dims decay at ``plain_weight_decay``,
-    the others not at all (nanoGPT's groups); ``None`` keeps each group's own ``weight_decay``.
+    the others not at all (nanoGPT's groups); ``None`` keeps each group's own ``weight_decay``.  The plain
+    hyper-parameters have no default here: they are the AdamW baseline's (conf/train.yaml ``baseline``, which the
+    optimizer configs interpolate), required as soon as some parameter has no grid.
     """
 
     needs_grid: bool = True
@@ -45,16 +42,16 @@ class QuantAwareOptimizer(Optimizer, metaclass=abc.ABCMeta):
         params: Iterable[Tensor] | Iterable[dict[str, Any]],
         defaults: dict[str, Any],
         grids: Mapping[Tensor, Grid] | None,
-        plain_lr: float = PLAIN_LR,
-        plain_betas: tuple[float, float] = PLAIN_BETAS,
-        plain_eps: float = PLAIN_EPS,
+        plain_lr: float | None = None,
+        plain_betas: tuple[float, float] | None = None,
+        plain_eps: float | None = None,
         plain_weight_decay: float | None = None,
     ) -> None:
         name = type(self).__name__
         if grids is None and self.needs_grid:
             raise ValueError(f"{name} needs `grids` (Parameter → TensorQuantizer) to know each weight's format and "
                              "scale; build it with altgrad.optim.build_optimizer or altgrad.quant.layers.weight_grids")
-        if plain_lr <= 0:
+        if plain_lr is not None and plain_lr <= 0:
             raise ValueError(f"{name}: plain_lr={plain_lr} is not valid; valid: a positive AdamW learning rate")
         if plain_weight_decay is not None and plain_weight_decay < 0:
             raise ValueError(f"{name}: plain_weight_decay={plain_weight_decay} is not valid; valid: >= 0, or None "
@@ -67,11 +64,19 @@ class QuantAwareOptimizer(Optimizer, metaclass=abc.ABCMeta):
             plain = [p for p in members if self.grids is not None and p not in self.grids]
             if rule:
                 groups.append({**group, "params": rule, "plain": False})
-            plain_hyper = {"plain": True, "lr": group.get("plain_lr", plain_lr), "betas": tuple(plain_betas),
+            if not plain:
+                continue
+            plain_hyper = {"plain": True, "lr": group.get("plain_lr", plain_lr), "betas": plain_betas,
                            "eps": plain_eps}
-            if plain and plain_weight_decay is None:
+            missing = [f"plain_{k}" for k in ("lr", "betas", "eps") if plain_hyper[k] is None]
+            if missing:
+                raise ValueError(f"{name}: {len(plain)} parameter(s) have no grid and are stepped by plain AdamW, "
+                                 f"which needs {', '.join(missing)}; valid: the AdamW baseline's values "
+                                 "(conf/train.yaml `baseline`, as conf/optimizer/*.yaml pass them)")
+            plain_hyper["betas"] = tuple(plain_betas)
+            if plain_weight_decay is None:
                 groups.append({**group, "params": plain, **plain_hyper})
-            elif plain:
+            else:
                 for part, decay in (([p for p in plain if p.dim() >= 2], plain_weight_decay),
                                         ([p for p in plain if p.dim() < 2], 0.0)):
                     if part:

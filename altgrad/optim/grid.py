@@ -17,8 +17,9 @@ import torch
 from torch import Tensor
 
 from altgrad.optim.adam import hyper_tensor, init_adam_state
-from altgrad.optim.base import PLAIN_BETAS, PLAIN_EPS, PLAIN_LR, QuantAwareOptimizer
+from altgrad.optim.base import QuantAwareOptimizer
 from altgrad.optim.grid_walk import check_walkable, grid_adam_step_, grid_move_
+from altgrad.optim.kernels import step_kernel
 from altgrad.optim.stiffness import Grid
 from altgrad.quant.compiled import fused
 from altgrad.quant.rounding import draw_seed
@@ -26,7 +27,7 @@ from altgrad.quant.rounding import draw_seed
 INNER_RULES = ("sgd", "adam")
 LR_UNITS = ("ulp", "real")
 
-_grid_move = fused(grid_move_)  # scale + move in one compiled loop per tensor (eager with ALTGRAD_COMPILE=0)
+_grid_move = fused(grid_move_)  # scale + move in one compiled loop per tensor (uncompiled with kernel="eager")
 _grid_adam_step = fused(grid_adam_step_)  # + Adam's moments, in place
 
 
@@ -37,7 +38,8 @@ class GridOptim(QuantAwareOptimizer):
     m̂/(√v̂+ε)); ``lr_unit="real"``: δ = −lr·(d + wd·w) in weight units, w + δ stochastically rounded to the grid.
     The random draws come from a torch.Generator per device seeded with ``seed`` (default: torch.initial_seed(),
     the run seed Lightning's seed_everything sets); its state is part of ``state_dict``, so a resumed run draws
-    exactly what an uninterrupted one would.
+    exactly what an uninterrupted one would.  ``kernel``: ``compiled`` (the per-tensor step through torch.compile)
+    or ``eager`` (the same function uncompiled); None: ``compiled`` unless inside compiled.compiling(False).
     """
 
     keeps_weights_on_grid = True
@@ -56,11 +58,13 @@ class GridOptim(QuantAwareOptimizer):
         weight_decay: float = 0.0,
         seed: int | None = None,
         grids: Mapping[Tensor, Grid] | None = None,
-        plain_lr: float = PLAIN_LR,
-        plain_betas: tuple[float, float] = PLAIN_BETAS,
-        plain_eps: float = PLAIN_EPS,
+        plain_lr: float | None = None,
+        plain_betas: tuple[float, float] | None = None,
+        plain_eps: float | None = None,
         plain_weight_decay: float | None = None,
+        kernel: str | None = None,
     ) -> None:
+        self.kernel = step_kernel(kernel, "GridOptim")
         if lr <= 0:
             raise ValueError(f"GridOptim: lr={lr} is not valid; valid: > 0")
         if inner not in INNER_RULES:
@@ -120,7 +124,7 @@ class GridOptim(QuantAwareOptimizer):
                 state = self.state[p]
                 _grid_adam_step(p.detach(), p.grad, state["exp_avg"], state["exp_avg_sq"], self.grid_of(p),
                                 draw_seed(p.device, self._generator(p.device)), hyper,
-                                group["lr_unit"] == "real", beta1, beta2)
+                                group["lr_unit"] == "real", beta1, beta2, compiled=self.kernel == "compiled")
         else:
             for p, d in zip(params, self._sgd_directions(params, group)):
                 self._move(p, d, group)
@@ -146,8 +150,9 @@ class GridOptim(QuantAwareOptimizer):
 
     def _move(self, p: Tensor, direction: Tensor, group: dict[str, Any]) -> None:
         """p ← grid_move(p, …): direction, decay, ULP conversion and the walk in one loop per tensor (compiled
-        unless ALTGRAD_COMPILE=0)."""
+        unless ``kernel="eager"``)."""
         seed = draw_seed(p.device, self._generator(p.device))  # one draw per tensor and step
         hyper = hyper_tensor(group["lr"], group["weight_decay"], 1.0, 1.0, group["eps"], p.device)
         # p.detach(), not the Parameter: dynamo keeps Parameters static-shaped (a recompile per shape)
-        _grid_move(p.detach(), direction, self.grid_of(p), seed, hyper, group["lr_unit"] == "real")
+        _grid_move(p.detach(), direction, self.grid_of(p), seed, hyper, group["lr_unit"] == "real",
+                   compiled=self.kernel == "compiled")

@@ -4,7 +4,7 @@ For a sign-magnitude format the magnitude code is the rank of |v| among the non-
 (0 → 0, 1 → min_subnormal, …, max_code → max), so "n grid points further" is integer addition on the signed
 ordinal ±code, saturating at ±max_code.  Both directions are computed from float32 bits and the quant core's
 ``ulp`` (no table lookup, no host sync), which keeps GridOptim's step cheap; tests check them against
-``FloatFormat.encode`` / ``values()`` for every preset.
+``altgrad.quant.codes.encode`` / ``values()`` for every preset.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from altgrad.optim.base import PLAIN_BETAS, PLAIN_EPS, PLAIN_LR, QuantAwareOptimizer
+from altgrad.optim.base import QuantAwareOptimizer
 from altgrad.optim.stiffness import Grid
 
 
@@ -39,9 +39,9 @@ class Madam(QuantAwareOptimizer):
         beta: float = 0.999,
         weight_decay: float = 0.0,
         grids: Mapping[Tensor, Grid] | None = None,
-        plain_lr: float = PLAIN_LR,
-        plain_betas: tuple[float, float] = PLAIN_BETAS,
-        plain_eps: float = PLAIN_EPS,
+        plain_lr: float | None = None,
+        plain_betas: tuple[float, float] | None = None,
+        plain_eps: float | None = None,
         plain_weight_decay: float | None = None,
     ) -> None:
         if lr <= 0:

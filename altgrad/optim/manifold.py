@@ -16,13 +16,14 @@ import torch
 from torch import Tensor
 
 from altgrad.optim.adam import adamw_step_, init_adam_state
-from altgrad.optim.base import PLAIN_BETAS, PLAIN_EPS, PLAIN_LR, QuantAwareOptimizer
+from altgrad.optim.base import QuantAwareOptimizer
 from altgrad.optim.stiffness import STIFFNESS_KINDS, Grid, grid_stiffness
-from altgrad.quant.compiled import compile_enabled, fused
+from altgrad.optim.kernels import step_kernel
+from altgrad.quant.compiled import fused
 
 STIFFNESS_PLACEMENTS = ("update", "grad")
 
-_stiffness = fused(grid_stiffness)  # scale + stiffness in one compiled loop per tensor (eager: ALTGRAD_COMPILE=0)
+_stiffness = fused(grid_stiffness)  # scale + stiffness in one compiled loop per tensor (stiffness_of)
 
 
 class ManifoldAdamW(QuantAwareOptimizer):
@@ -30,6 +31,9 @@ class ManifoldAdamW(QuantAwareOptimizer):
 
     Weight decay is decoupled as in AdamW, at the same per-coordinate rate (w ← w − lr·S·wd·w for ``update``).
     Parameters without a grid are stepped by plain AdamW at ``plain_lr`` (see QuantAwareOptimizer).
+    ``kernel``: ``compiled`` (``manifold_step_``, one torch.compile'd pass per tensor: what runs by default) or
+    ``eager`` (torch's multi-tensor AdamW ops with a stiffness list, ``adamw_step_``); the two agree to float32
+    rounding, not bit for bit (see ``manifold_step_``). None: ``compiled`` unless inside compiled.compiling(False).
     """
 
     def __init__(
@@ -42,11 +46,13 @@ class ManifoldAdamW(QuantAwareOptimizer):
         stiffness_on: str = "update",
         stiffness_kind: str = "pow2",
         grids: Mapping[Tensor, Grid] | None = None,
-        plain_lr: float = PLAIN_LR,
-        plain_betas: tuple[float, float] = PLAIN_BETAS,
-        plain_eps: float = PLAIN_EPS,
+        plain_lr: float | None = None,
+        plain_betas: tuple[float, float] | None = None,
+        plain_eps: float | None = None,
         plain_weight_decay: float | None = None,
+        kernel: str | None = None,
     ) -> None:
+        self.kernel = step_kernel(kernel, "ManifoldAdamW")
         if lr <= 0:
             raise ValueError(f"ManifoldAdamW: lr={lr} is not valid; valid: > 0 (ULPs per step for 'update')")
         if not all(0.0 <= b < 1.0 for b in betas):
@@ -67,7 +73,7 @@ class ManifoldAdamW(QuantAwareOptimizer):
         grid = self.grid_of(p)
         kind = kind or self.defaults["stiffness_kind"]
         # a plain tensor view, not the Parameter: dynamo keeps Parameters static-shaped (a recompile per shape)
-        return _stiffness(p.detach(), grid, kind).to(p.dtype)
+        return _stiffness(p.detach(), grid, kind, compiled=self.kernel == "compiled").to(p.dtype)
 
     def _rule_step(self, group: dict[str, Any]) -> None:
         params = self._with_grads(group)
@@ -76,7 +82,7 @@ class ManifoldAdamW(QuantAwareOptimizer):
         for p in params:
             if not self.state[p]:
                 init_adam_state(self.state[p], p)
-        if compile_enabled() and not torch.compiler.is_compiling():
+        if self.kernel == "compiled" and not torch.compiler.is_compiling():
             self._fused_rule_step(group, params)
             return
         stiff = [self.stiffness_of(p, group["stiffness_kind"]) for p in params]
@@ -97,7 +103,7 @@ class ManifoldAdamW(QuantAwareOptimizer):
             hyper = self._advance_adam(p, group)
             state = self.state[p]
             _manifold_step(p.detach(), p.grad, state["exp_avg"], state["exp_avg_sq"], self.grid_of(p),
-                           group["stiffness_kind"], on_update, hyper, beta1, beta2)
+                           group["stiffness_kind"], on_update, hyper, beta1, beta2, compiled=True)
 
 
 def manifold_step_(w: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, grid: Grid, kind: str,
@@ -105,9 +111,10 @@ def manifold_step_(w: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor,
     """One tensor's ManifoldAdamW step in place: the arithmetic of ``adamw_step_`` with per-step scalars read from
     ``hyper`` (``adam.hyper_tensor``: lr, weight_decay, 1 − β1^t, √(1 − β2^t), ε; betas are per-run constants).
 
-    The optimizer runs it compiled (one pass over the tensor instead of ~8 multi-tensor kernels); with
-    ALTGRAD_COMPILE=0 it steps through ``adamw_step_`` instead, which is bitwise torch's AdamW arithmetic. The two
-    agree up to float32 rounding (eager kernels fuse multiply-adds; ~1e-6 relative after 10 steps on the nano model).
+    The optimizer runs it compiled (``kernel="compiled"``: one pass over the tensor instead of ~8 multi-tensor
+    kernels); with ``kernel="eager"`` it steps through ``adamw_step_`` instead, which is bitwise torch's AdamW
+    arithmetic. The two agree up to float32 rounding (eager kernels fuse multiply-adds; ~1e-6 relative after 10 steps
+    on the nano model).
     """
     lr, wd, bc1, bc2_sqrt, eps = hyper.unbind(0)
     stiff = grid_stiffness(w, grid, kind).to(w.dtype)

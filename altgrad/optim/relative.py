@@ -18,14 +18,16 @@ import torch
 from torch import Tensor
 
 from altgrad.optim.adam import adamw_step_, init_adam_state
-from altgrad.optim.base import PLAIN_BETAS, PLAIN_EPS, PLAIN_LR, QuantAwareOptimizer
+from altgrad.optim.base import QuantAwareOptimizer
 from altgrad.optim.stiffness import Grid
-from altgrad.quant.compiled import compile_enabled, fused
+from altgrad.optim.kernels import step_kernel
+from altgrad.quant.compiled import fused
 
 
 class RelativeAdamW(QuantAwareOptimizer):
     """AdamW with per-coordinate learning rate lr·|w| on the weights that have a grid (every parameter when
-    ``grids`` is None); plain AdamW for the rest.  See the module docstring."""
+    ``grids`` is None); plain AdamW for the rest.  See the module docstring.  ``kernel``: as ManifoldAdamW's
+    (``compiled``: ``relative_step_`` through torch.compile; ``eager``: the multi-tensor ``adamw_step_``)."""
 
     needs_grid = False  # |w| needs no format: with grids=None every parameter takes the rule
 
@@ -37,11 +39,13 @@ class RelativeAdamW(QuantAwareOptimizer):
         eps: float = 1e-8,
         weight_decay: float = 0.0,
         grids: Mapping[Tensor, Grid] | None = None,
-        plain_lr: float = PLAIN_LR,
-        plain_betas: tuple[float, float] = PLAIN_BETAS,
-        plain_eps: float = PLAIN_EPS,
+        plain_lr: float | None = None,
+        plain_betas: tuple[float, float] | None = None,
+        plain_eps: float | None = None,
         plain_weight_decay: float | None = None,
+        kernel: str | None = None,
     ) -> None:
+        self.kernel = step_kernel(kernel, "RelativeAdamW")
         if lr <= 0:
             raise ValueError(f"RelativeAdamW: lr={lr} is not valid; valid: > 0 (a fraction of |w| per step)")
         if not all(0.0 <= b < 1.0 for b in betas):
@@ -58,12 +62,13 @@ class RelativeAdamW(QuantAwareOptimizer):
         for p in params:
             if not self.state[p]:
                 init_adam_state(self.state[p], p)
-        if compile_enabled() and not torch.compiler.is_compiling():
+        if self.kernel == "compiled" and not torch.compiler.is_compiling():
             beta1, beta2 = group["betas"]
             for p in params:
                 hyper = self._advance_adam(p, group)
                 state = self.state[p]
-                _relative_step(p.detach(), p.grad, state["exp_avg"], state["exp_avg_sq"], hyper, beta1, beta2)
+                _relative_step(p.detach(), p.grad, state["exp_avg"], state["exp_avg_sq"], hyper, beta1, beta2,
+                               compiled=True)
             return
         beta1, beta2 = group["betas"]
         adamw_step_(params, [p.grad for p in params], *self._adam_lists(params),

@@ -1,7 +1,8 @@
 """Stiffness S(w): the real-valued size of one grid step (ULP) at w, on the grid the forward pass uses for w.
 
 With scale s the forward quantizes w·s onto format F, so the grid for w is {v / s : v ∈ F} and its spacing at w is
-ulp_F(w·s) / s.  ULP-aware optimizers multiply their step (or gradient) by S to measure learning rates in ULPs.
+ulp_F(w·s) / s (``altgrad.quant.ulp.scaled_ulp``, which the diagnostics use too).  ULP-aware optimizers multiply
+their step (or gradient) by S to measure learning rates in ULPs.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from typing import Any, Protocol
 
 import torch
 from torch import Tensor
+
+from altgrad.quant.ulp import scaled_ulp
 
 STIFFNESS_KINDS = ("pow2", "smooth")
 
@@ -32,11 +35,10 @@ def stiffness(w: Tensor, fmt: Any, scale: Tensor | float, kind: str = "pow2") ->
     """
     if kind not in STIFFNESS_KINDS:
         raise ValueError(f"stiffness kind {kind!r} is not valid; valid: {', '.join(STIFFNESS_KINDS)}")
-    w32 = w.detach().float()
-    s = scale.float() if isinstance(scale, Tensor) else torch.tensor(float(scale), device=w.device)
     if kind == "pow2":
-        return fmt.ulp(w32 * s) / s
-    floor = fmt.ulp(w32.new_zeros(())) / s  # ulp(0) = min_subnormal (a tensor op, so it compiles)
+        return scaled_ulp(w, fmt, scale)
+    w32 = w.detach().float()
+    floor = scaled_ulp(w32.new_zeros(()), fmt, scale)  # ulp(0)/s = min_subnormal/s (a tensor op, so it compiles)
     return torch.maximum(w32.abs() * 2.0 ** -fmt.mbits, floor)
 
 

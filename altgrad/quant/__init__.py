@@ -4,6 +4,7 @@ No Lightning or Hydra here: plain PyTorch, usable from any training loop.
 """
 
 from altgrad.quant import native  # noqa: F401 - the CPU kernel (altgrad.quant.native), importable from here
+from altgrad.quant.codes import encode
 from altgrad.quant.fake_quant import GradQuantizer, TensorQuantizer, fake_quant, quant_grad
 from altgrad.quant.format import POLICIES, FloatFormat, get_format, list_formats
 from altgrad.quant.rounding import OVERFLOWS, ROUNDINGS, quantize, quantize_eager, quantize_scaled
@@ -22,6 +23,7 @@ __all__ = [
     "QuantSpec",
     "ScalingSpec",
     "TensorQuantizer",
+    "encode",
     "fake_quant",
     "get_format",
     "list_formats",

@@ -2,25 +2,59 @@
 
 Compilation is lazy and cached per device type; a failure is reported once and that device type stays eager.
 Inside an outer torch.compile the function is traced as it is, so callers can compile whole models.
-``ALTGRAD_COMPILE=0`` keeps everything eager (tests that do not need the compiler run much faster).
 This is the package's compile helper: the quantizers' torch road (GPU, bf16, per-channel and per-block scales) and
 the optimizers' fused steps use it; float32 CPU quantizer calls take the native kernel instead (``native``).
+
+Which implementation runs is a choice of the caller, never of the environment: a run takes it from its config
+(``quant.kernel``, ``optimizer.kernel``) and passes it down. Library calls that leave it open (``kernel=None``:
+``auto``; ``compiled=None``) compile unless ``compiling(False)`` says otherwise inside a block (tests that need no
+compiler, notebooks); the native CPU kernel is not a compile and still serves there.
 """
 
 from __future__ import annotations
 
-import os
+import contextlib
 import types
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
+KERNELS = ("auto", "native", "compiled", "eager")
+"""How quantizer calls run (``quant.kernel``): ``auto`` (the native CPU kernel where it serves, else compiled),
+``native`` (the C++ kernel; CPU float32 only), ``compiled`` (torch.compile'd torch functions), ``eager`` (the same
+torch functions uncompiled: the reference). Every road gives the same bits (tests/quant)."""
 
-def compile_enabled() -> bool:
-    """Whether fused functions compile (environment variable ``ALTGRAD_COMPILE``, default on)."""
-    return os.environ.get("ALTGRAD_COMPILE", "1").lower() not in ("0", "false", "no", "off", "")
+_COMPILE = [True]
+
+
+def check_kernel(kernel: str, key: str = "quant.kernel", valid: tuple[str, ...] = KERNELS) -> str:
+    """``kernel`` if it is one of ``valid``, else a one-line ValueError naming ``key``."""
+    if kernel not in valid:
+        raise ValueError(f"{key}={kernel!r} is not valid; valid: {', '.join(valid)}")
+    return kernel
+
+
+def compile_default() -> bool:
+    """Whether calls that leave it open (``compiled=None``) compile: yes, unless inside ``compiling(False)``."""
+    return _COMPILE[0]
+
+
+@contextlib.contextmanager
+def compiling(on: bool) -> Iterator[None]:
+    """Inside the block, calls that leave the choice open compile (True) or run their torch functions eagerly."""
+    before = _COMPILE[0]
+    _COMPILE[0] = bool(on)
+    try:
+        yield
+    finally:
+        _COMPILE[0] = before
+
+
+def compiles(compiled: bool | None) -> bool:
+    """Whether a fused call compiles: ``compiled`` as given, or (None) ``compile_default()``."""
+    return compile_default() if compiled is None else compiled
 
 
 def renamed(fn: Callable[..., Any], name: str) -> Callable[..., Any]:
@@ -63,15 +97,16 @@ _OPTIONS: dict[str, dict[str, Any]] = {"cuda": {"triton.autotune_pointwise": Fal
 
 
 class fused:  # noqa: N801 - used like a decorator/function
-    """Callable wrapper: ``fused(fn)(*args, compiled=True)``; ``compiled=False`` runs the eager function."""
+    """Callable wrapper: ``fused(fn)(*args, compiled=True)``; ``compiled=False`` runs the eager function, ``None``
+    the process default (``compiles``)."""
 
     def __init__(self, fn: Callable[..., Any]) -> None:
         self.fn = fn
         self._compiled: dict[str, Callable[..., Any]] = {}
         self._failed: set[str] = set()
 
-    def __call__(self, *args: Any, compiled: bool = True) -> Any:
-        if not compiled or not compile_enabled() or torch.compiler.is_compiling():
+    def __call__(self, *args: Any, compiled: bool | None = None) -> Any:
+        if not compiles(compiled) or torch.compiler.is_compiling():
             return self.fn(*args)
         device = next((a.device.type for a in args if isinstance(a, torch.Tensor)), "cpu")
         if device in self._failed:

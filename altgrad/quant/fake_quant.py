@@ -3,7 +3,8 @@
 ``fake_quant``: forward x·s → quantize → /s, backward identity (the straight-through estimator).
 ``quant_grad``: forward identity, backward quantizes the incoming gradient (what a low-precision backward GEMM
 would consume). TensorQuantizer and GradQuantizer are the nn.Module forms that keep scaler state and per-call
-statistics in buffers; ``Quantizer.road`` says how their eager calls are computed (``choose_road``).
+statistics in buffers; ``Quantizer.road`` says how their eager calls are computed (``choose_road``: the run's
+``quant.kernel``, resolved once per quantizer and shown in the layer table).
 
 Statistics are extra work on every element, so they are computed only while ``track_stats`` is on (the default).
 When it is off, ``stats`` keeps the values of the last call that recorded them; a switch that turns ``track_stats``
@@ -13,12 +14,14 @@ shared StatsRecord, and ``stats_step`` then says which step those values are fro
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterable
 
 import torch
 from torch import nn
 
 from altgrad.quant import native
+from altgrad.quant.compiled import check_kernel
 from altgrad.quant.format import get_format
 from altgrad.quant.quantizer_call import quant_call, quant_call_body
 from altgrad.quant.rounding import draw_seed, kernel_params, kernel_variant, quantize_scaled
@@ -79,11 +82,28 @@ def _traced_quantize(x: torch.Tensor, spec: QuantSpec, scaler: Scaler, seed: tor
 NATIVE_KINDS = ("none", "tensor", "delayed")  # scale kinds the native kernel computes itself
 
 
-def choose_road(spec: QuantSpec) -> str:
-    """How a quantizer with ``spec`` runs an eager call on a float32 CPU tensor: ``native`` (the C++ kernel, where it
-    serves the scale kind and is available) or ``compiled`` (the torch.compile'd quant_call; eager with
-    ``ALTGRAD_COMPILE=0``). Other devices and dtypes always take the compiled road."""
-    return "native" if spec.scaling.kind in NATIVE_KINDS and native.kernel() is not None else "compiled"
+def choose_road(spec: QuantSpec, kernel: str | None = None, device: torch.device | str | None = None) -> str:
+    """The road (``native``, ``compiled`` or ``eager``) a quantizer with ``spec`` takes for ``kernel``
+    (compiled.KERNELS; None: ``auto``) on ``device`` (None: the CPU).
+
+    ``auto``: ``native`` where the C++ kernel serves the scale kind on the CPU and is available, else ``compiled``
+    (a native quantizer still sends a tensor the kernel cannot take, bf16 say, down the compiled road). ``native``
+    raises (one line) where the kernel cannot serve. ``compiled`` / ``eager``: the torch quant_call, compiled or not.
+    """
+    kernel = check_kernel("auto" if kernel is None else kernel)
+    on_cpu = device is None or torch.device(device).type == "cpu"
+    served = spec.scaling.kind in NATIVE_KINDS
+    if kernel == "auto":
+        return "native" if on_cpu and served and native.kernel() is not None else "compiled"
+    if kernel == "native":
+        if not served:
+            raise ValueError(f"quant.kernel=native does not serve scaling.kind={spec.scaling.kind!r} (it serves "
+                             f"{', '.join(NATIVE_KINDS)}); valid for it: auto, compiled, eager")
+        if not on_cpu:
+            raise ValueError(f"quant.kernel=native runs on the CPU only, not on {device}; valid there: auto, "
+                             "compiled, eager")
+        native.require()
+    return kernel
 
 
 class _QuantGrad(torch.autograd.Function):
@@ -171,11 +191,16 @@ class _StatsMarker:
         return None if record is None else record.step
 
 
+# Quantizer → (spec, track_stats, scaler, stats, *scaler state, its CallPlan or None): see Quantizer.native_plan
+_PLANS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 class Quantizer(_StatsMarker, nn.Module):
     """What TensorQuantizer and GradQuantizer share: the spec, its scaler (state in buffers), the ``stats`` buffer,
-    the ``enabled`` and ``track_stats`` switches and the road an eager call takes (``road``, chosen once per spec)."""
+    the ``enabled`` and ``track_stats`` switches and the road an eager call takes (``road``: ``kernel`` resolved by
+    ``choose_road`` once per spec and device; ``use_kernel`` changes it)."""
 
-    def __init__(self, spec: QuantSpec, role: str, track_stats: bool) -> None:
+    def __init__(self, spec: QuantSpec, role: str, track_stats: bool, kernel: str | None = None) -> None:
         super().__init__()
         if not isinstance(spec, QuantSpec):
             raise ValueError(f"{type(self).__name__} needs a QuantSpec, got {type(spec).__name__}")
@@ -185,54 +210,95 @@ class Quantizer(_StatsMarker, nn.Module):
         self.track_stats = track_stats
         self.scaler = make_scaler(spec.scaling, spec.format)
         self.register_buffer("stats", torch.zeros(len(STAT_NAMES), dtype=torch.float32))
-        self.road_for: tuple[QuantSpec, str] = (spec, choose_road(spec))  # (the spec it was chosen for, road)
+        self.use_kernel("auto" if kernel is None else kernel)
+
+    def use_kernel(self, kernel: str, device: torch.device | str | None = None) -> str:
+        """Resolve ``kernel`` (compiled.KERNELS) for this quantizer's spec on ``device`` (None: the CPU) into ``road``;
+        returns it. Raises ValueError (one line) where ``native`` cannot serve."""
+        self.kernel = kernel
+        self.device_type = "cpu" if device is None else torch.device(device).type
+        self.road_for: tuple[QuantSpec, str] = (self.spec, choose_road(self.spec, kernel, self.device_type))
+        return self.road_for[1]
 
     @property
     def road(self) -> str:
-        """``native`` or ``compiled`` (see ``choose_road``); chosen again only when ``spec`` is replaced."""
+        """``native``, ``compiled`` or ``eager`` (see ``choose_road``); resolved again only when ``spec`` is
+        replaced (a format fallback)."""
         spec, road = self.road_for
         if spec is not self.spec:
-            self.road_for = (self.spec, road := choose_road(self.spec))
+            self.road_for = (self.spec, road := choose_road(self.spec, self.kernel, self.device_type))
         return road
 
     def quantize_now(self, x: torch.Tensor, seed: torch.Tensor | None, update: bool) -> torch.Tensor:
         """quantize(x·s)/s with the scaler's state, writing the new state (when ``update``) and the statistics (when
         tracked) into the buffers; eager dispatch only (traced calls go through ``_traced_quantize``)."""
-        if self.road == "native" and native.takes(x) and self._buffers_native():
-            y = self._native(x, seed, update)
-            if y is not None:
-                return y
-        return self._compiled(x, seed, update)
+        road = self.road
+        if road == "native":
+            plan = self.native_plan() if native.takes(x) else None
+            if plan is not None:
+                y = plan(x, seed, update)
+                if y is not None:
+                    return y
+            elif self.kernel == "native":
+                raise ValueError(f"quant.kernel=native takes float32 CPU tensors only, not a {x.dtype} tensor on "
+                                 f"{x.device}; valid: auto, compiled, eager")
+        # auto's compiled road leaves compiling to compiled.compiling (on outside tests); an explicit choice is kept
+        return self._compiled(x, seed, update, None if self.kernel == "auto" else road == "compiled")
 
     def _buffers_native(self) -> bool:
         """Whether the kernel may write the buffers in place: float32 on the CPU (not after ``.double()``)."""
         return all(b.dtype == torch.float32 and b.device.type == "cpu" and b.is_contiguous()
                    for b in (self.stats, *self.scaler.state()))
 
-    def _native(self, x: torch.Tensor, seed: torch.Tensor | None, update: bool) -> torch.Tensor | None:
-        spec, state = self.spec, self.scaler.state()
-        sc = spec.scaling
-        return native.quant_call(
-            native.kernel(), x, kernel_params(spec.format, spec.rounding, spec.overflow, x.device), spec.rounding,
-            native.variant_flags(kernel_variant(spec.format, spec.rounding, spec.overflow)), seed, sc.kind, sc.pow2,
-            scale_consts(spec.format, sc.margin, x.device), scale=state[-1] if state else None,
-            history=state[0] if sc.kind == "delayed" else None, reduce_max=sc.reduce == "max", update=update,
-            stats=self.stats if self.track_stats else None)
+    def native_plan(self) -> native.CallPlan | None:
+        """This quantizer's native call, resolved once and again only when its spec, ``track_stats``, scaler or
+        buffers change (identity: ``.double()`` or ``.to()`` replaces buffers); None where the kernel may not write
+        the buffers in place. Plans hold raw pointers, so they live beside the module (``_PLANS``), never in it: a
+        deep copy or a pickle of the quantizer resolves its own."""
+        scaler, stats = self.scaler, self.stats
+        state = scaler.state()
+        cached = _PLANS.get(self)
+        if (cached is not None and cached[0] is self.spec and cached[1] == self.track_stats and cached[2] is scaler
+                and cached[3] is stats and len(cached) == len(state) + 5
+                and all(a is b for a, b in zip(cached[4:-1], state))):
+            return cached[-1]
+        plan = None
+        if self._buffers_native():
+            spec = self.spec
+            sc = spec.scaling
+            cpu = torch.device("cpu")
+            plan = native.CallPlan(
+                native.require() if self.kernel == "native" else native.kernel(),
+                kernel_params(spec.format, spec.rounding, spec.overflow, cpu), spec.rounding,
+                native.variant_flags(kernel_variant(spec.format, spec.rounding, spec.overflow)), sc.kind, sc.pow2,
+                scale_consts(spec.format, sc.margin, cpu), scale=state[-1] if state else None,
+                history=state[0] if sc.kind == "delayed" else None, reduce_max=sc.reduce == "max",
+                stats=stats if self.track_stats else None, holds=(stats, *state))
+        _PLANS[self] = (self.spec, self.track_stats, scaler, stats, *state, plan)
+        return plan
 
-    def _compiled(self, x: torch.Tensor, seed: torch.Tensor | None, update: bool) -> torch.Tensor:
+    def _compiled(self, x: torch.Tensor, seed: torch.Tensor | None, update: bool,
+                  compiled: bool | None) -> torch.Tensor:
         spec, state = self.spec, self.scaler.state()
         sc = spec.scaling
         call = quant_call(type(self.scaler).scale_fn, sc.pow2, sc.reduce, sc.block,
                           kernel_variant(spec.format, spec.rounding, spec.overflow), self.track_stats)
         with torch.no_grad():
             y, stats, new = call(x.detach(), kernel_params(spec.format, spec.rounding, spec.overflow, x.device),
-                                 scale_consts(spec.format, sc.margin, x.device), seed, *state)
+                                 scale_consts(spec.format, sc.margin, x.device), seed, *state, compiled=compiled)
             if update:
                 for buf, value in zip(state, new):
                     buf.copy_(value)
             if stats is not None:
                 self.stats.copy_(stats)
         return y
+
+    @property
+    def call_kernel(self) -> str:
+        """The kernel a bare quantize of this quantizer's grid takes (storage rounding, the flips diagnostic): its
+        road, or ``auto`` on the native road (a tensor the C++ kernel cannot take goes the compiled road)."""
+        road = self.road
+        return "auto" if road == "native" and self.kernel != "native" else road
 
     def stat_dict(self) -> dict[str, torch.Tensor]:
         """STAT_NAMES → 0-dim tensors of the last recorded call (still on device; reading them is the caller's sync)."""
@@ -251,8 +317,9 @@ class TensorQuantizer(Quantizer):
     ``track_stats = False`` skips the statistics (``stats`` then keeps its last values; see ``stats_step``).
     """
 
-    def __init__(self, spec: QuantSpec, role: str = "weight", track_stats: bool = True) -> None:
-        super().__init__(spec, role, track_stats)
+    def __init__(self, spec: QuantSpec, role: str = "weight", track_stats: bool = True,
+                 kernel: str | None = None) -> None:
+        super().__init__(spec, role, track_stats, kernel)
 
     def _scale(self, x: torch.Tensor, update: bool) -> torch.Tensor | None:
         return None if self.spec.scaling.kind == "none" else self.scaler(x, update=update)
@@ -262,7 +329,9 @@ class TensorQuantizer(Quantizer):
             return x
         spec = self.spec
         if not torch.compiler.is_compiling():
-            return _Straight.apply(x, self.quantize_now(x, _seed_for(spec, x), update=self.training))
+            y = self.quantize_now(x, _seed_for(spec, x), update=self.training)
+            # the straight-through node only where autograd records one (a weight or activation in training)
+            return _Straight.apply(x, y) if x.requires_grad and torch.is_grad_enabled() else y
         y, stats, new = _traced_quantize(x, spec, self.scaler, _seed_for(spec, x), self.track_stats)
         if self.training:
             self.scaler.load_state_(new)
@@ -284,10 +353,21 @@ class TensorQuantizer(Quantizer):
         """
         spec = self.spec
         rounding = rounding or spec.rounding
-        scale = self._scale(w, update=False)
         seed = draw_seed(w.device, seed=seed) if rounding == "stochastic" else None
+        if self.road == "native" and native.takes(w) and self._buffers_native():
+            # one kernel call: the scale the next forward uses (scaler state read, not updated) and the rounding
+            sc, state, fmt, cpu = spec.scaling, self.scaler.state(), spec.format, torch.device("cpu")
+            y = native.quant_call(
+                native.require() if self.kernel == "native" else native.kernel(), w,
+                kernel_params(fmt, rounding, spec.overflow, cpu), rounding,
+                native.variant_flags(kernel_variant(fmt, rounding, spec.overflow)), seed, sc.kind, sc.pow2,
+                scale_consts(fmt, sc.margin, cpu), scale=state[-1] if state else None,
+                history=state[0] if sc.kind == "delayed" else None, reduce_max=sc.reduce == "max", update=False)
+            if y is not None:
+                return w.copy_(y)
+        scale = self._scale(w, update=False)
         w.copy_(quantize_scaled(w, spec.format, scale, rounding, spec.overflow, seed=seed,
-                                scale_pow2=spec.scaling.powers_of_two))
+                                scale_pow2=spec.scaling.powers_of_two, kernel=self.call_kernel))
         return w
 
 
@@ -295,8 +375,8 @@ class GradQuantizer(Quantizer):
     """Identity forward; quantizes grad_output in the backward pass with ``spec``, recording ``stats`` there (when
     ``track_stats`` is on at the backward)."""
 
-    def __init__(self, spec: QuantSpec | None = None, track_stats: bool = True) -> None:
-        super().__init__(spec or _default_grad_spec(), "grad", track_stats)
+    def __init__(self, spec: QuantSpec | None = None, track_stats: bool = True, kernel: str | None = None) -> None:
+        super().__init__(spec or _default_grad_spec(), "grad", track_stats, kernel)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.enabled or not torch.is_grad_enabled() or not x.requires_grad:

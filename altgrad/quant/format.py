@@ -1,8 +1,11 @@
 """FloatFormat: a sign + E exponent + M mantissa float format with a bias and a special-value policy.
 
-Every constant (max, min normal, min subnormal, the value grid) is derived from the definition in
-``docs/formats.md``; nothing is tabulated. Formats are simulated in float32, so a format is valid
-only if every one of its finite values is a float32 value with the same spacing rules (checked at construction).
+The format is data (gfloat's layering): its fields, the constants derived from them and the decoding of a code,
+with nothing imported from the rest of altgrad; operations that round onto it (``rounding``) or encode values
+(``codes``) are functions over it, in modules above this one. Every constant (max, min normal, min subnormal, the
+value grid) is derived from the definition in ``docs/formats.md``; nothing is tabulated. Formats are simulated in
+float32, so a format is valid only if every one of its finite values is a float32 value with the same spacing rules
+(checked at construction).
 """
 
 from __future__ import annotations
@@ -140,9 +143,6 @@ class FloatFormat:
         return f"{self.name} ({fields})" if self.name else fields
 
     # ---- codes ---------------------------------------------------------------------------------------------
-    def _code_dtype(self) -> torch.dtype:
-        return torch.uint8 if self.bits <= 8 else (torch.int32 if self.bits <= 31 else torch.int64)
-
     def decode(self, codes: torch.Tensor) -> torch.Tensor:
         """float32 value of each integer code (sign bit at position ebits + mbits); specials per the policy."""
         c = codes.to(torch.int64)
@@ -171,45 +171,6 @@ class FloatFormat:
             return torch.full(mag.shape, torch.inf, dtype=torch.float64, device=mag.device)
         m = mag & ((1 << self.mbits) - 1)  # ieee: m == 0 → Inf, else NaN
         return torch.where(m == 0, torch.inf, torch.nan).to(torch.float64)
-
-    def encode(self, x: torch.Tensor, overflow: str = "saturate") -> torch.Tensor:
-        """Integer codes of x rounded to nearest (ties to even); uint8 for formats of up to 8 bits.
-
-        NaN encodes to the policy's NaN code (canonical positive one); a NaN for a format without NaN codes
-        is a ValueError. ``overflow`` is applied as in :func:`altgrad.quant.quantize`.
-        """
-        from altgrad.quant.rounding import quantize_eager
-
-        q = quantize_eager(x.to(torch.float32), self, "nearest", overflow).to(torch.float64)
-        em_bits = self.ebits + self.mbits
-        nan = torch.isnan(q)
-        if not self.has_nan and bool(nan.any()):
-            raise ValueError(f"format {self} has no NaN code; cannot encode NaN")
-        neg = torch.signbit(q) & ~nan
-        a = q.abs()
-        finite = torch.isfinite(a)
-        af = torch.where(finite, a, 0.0)
-        _, exp = torch.frexp(torch.where(af > 0, af, 1.0))
-        e_unb = exp.to(torch.int64) - 1  # a = 2^e_unb · [1, 2)
-        is_sub = af < math.ldexp(1.0, self.emin)
-        sub_code = torch.round(af / self.quantum).to(torch.int64)
-        frac = torch.ldexp(af, (self.mbits - e_unb)).to(torch.int64) - (1 << self.mbits)
-        nrm_code = ((e_unb + self.bias) << self.mbits) + frac
-        code = torch.where(is_sub, sub_code, nrm_code)
-        inf_code = self.max_code + 1 if self.policy == "p3109" else ((1 << self.ebits) - 1) << self.mbits
-        code = torch.where(torch.isinf(a), inf_code, code)
-        code = torch.where(neg, code | (1 << em_bits), code)
-        if self.has_nan:
-            code = torch.where(nan, self._nan_code(), code)
-        return code.to(self._code_dtype())
-
-    def _nan_code(self) -> int:
-        em_bits = self.ebits + self.mbits
-        if self.policy == "p3109":
-            return 1 << em_bits
-        if self.policy == "fn":
-            return (1 << em_bits) - 1
-        return (((1 << self.ebits) - 1) << self.mbits) | (1 << (self.mbits - 1))  # ieee quiet NaN
 
     def values(self) -> torch.Tensor:
         """Every distinct finite value, sorted ascending (float32; ±0 appear once as 0)."""

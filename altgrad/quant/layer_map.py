@@ -47,32 +47,46 @@ def _plain(obj: Any) -> Any:
 
 
 def resolve_format(name_or_fields: str | Mapping[str, Any], overrides: Mapping[str, Any] | None = None) -> FloatFormat:
-    """A FloatFormat from a preset name or explicit fields, with optional field overrides (e.g. ``bias=3``)."""
+    """A FloatFormat from a preset name or explicit fields, with optional field overrides (e.g. ``bias=3``).
+
+    A name that is no preset is a format of its own when the fields (given or in ``overrides``) are complete: e.g.
+    ``resolve_format("e3m2", dict(ebits=3, mbits=2, bias=3, policy="finite"))`` keeps the name as its label."""
+    given = {k: v for k, v in (overrides or {}).items() if v is not None}
     if isinstance(name_or_fields, FloatFormat):
         fmt = name_or_fields
     elif isinstance(name_or_fields, str):
+        if name_or_fields not in list_formats() and set(given) >= set(FORMAT_FIELDS):
+            return _from_fields(given, name_or_fields)
         fmt = get_format(name_or_fields)
     elif isinstance(name_or_fields, Mapping):
         unknown = set(name_or_fields) - set(FORMAT_FIELDS) - {"name"}
         if unknown:
             raise ValueError(f"format fields {sorted(unknown)} are unknown; valid fields: {', '.join(FORMAT_FIELDS)}")
-        base = get_format(name_or_fields["name"]) if name_or_fields.get("name") else None
+        name = name_or_fields.get("name")
+        own = bool(name) and name not in list_formats()  # a format of its own: the fields define it
+        base = get_format(name) if name and not own else None
         fields = {k: name_or_fields.get(k, getattr(base, k, None)) for k in FORMAT_FIELDS}
         missing = [k for k, v in fields.items() if v is None]
         if missing:
+            if own:
+                get_format(name)  # an unknown name without its fields: the error lists the presets
             raise ValueError(f"custom format {dict(name_or_fields)} lacks {missing}; give a preset name or all of "
                              f"{', '.join(FORMAT_FIELDS)}")
-        fmt = FloatFormat(int(fields["ebits"]), int(fields["mbits"]), int(fields["bias"]), str(fields["policy"]))
+        fmt = _from_fields(fields, name if own else None)
     else:
         raise ValueError(f"format {name_or_fields!r} is neither a preset name nor a mapping of "
                          f"{', '.join(FORMAT_FIELDS)}; presets: {', '.join(list_formats())}")
-    changes = {k: v for k, v in (overrides or {}).items() if v is not None}
-    if changes:
+    if given:
         kw = {k: getattr(fmt, k) for k in FORMAT_FIELDS}
-        kw.update({k: (str(v) if k == "policy" else int(v)) for k, v in changes.items()})
+        kw.update({k: (str(v) if k == "policy" else int(v)) for k, v in given.items()})
         custom = FloatFormat(**kw)
         fmt = FloatFormat(**kw, name=fmt.name if custom == fmt else None)
     return fmt
+
+
+def _from_fields(fields: Mapping[str, Any], name: str | None) -> FloatFormat:
+    return FloatFormat(int(fields["ebits"]), int(fields["mbits"]), int(fields["bias"]), str(fields["policy"]),
+                       name=name)
 
 
 @dataclasses.dataclass(frozen=True)

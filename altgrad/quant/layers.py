@@ -29,6 +29,7 @@ class QuantLinear(nn.Module):
         input: QuantSpec | None = None,  # noqa: A002 - the role's name
         grad: QuantSpec | None = None,
         tied: bool = False,
+        kernel: str | None = None,
     ) -> None:
         super().__init__()
         self.in_features = linear.in_features
@@ -37,9 +38,10 @@ class QuantLinear(nn.Module):
         self.bias = linear.bias
         self.name = name
         self.tied = tied  # weight shared with another module: quantize in the forward pass only, never in place
-        self.weight_q = TensorQuantizer(weight, "weight") if weight is not None else None
-        self.input_q = TensorQuantizer(input, "input") if input is not None else None
-        self.grad_q = GradQuantizer(grad) if grad is not None else None
+        # kernel: how the quantizers' calls run (compiled.KERNELS; None: the process default), e.g. quant.kernel
+        self.weight_q = TensorQuantizer(weight, "weight", kernel=kernel) if weight is not None else None
+        self.input_q = TensorQuantizer(input, "input", kernel=kernel) if input is not None else None
+        self.grad_q = GradQuantizer(grad, kernel=kernel) if grad is not None else None
         # (the weight, what else it was quantized with, the quantized weight); see ``quantized_weight``
         self.weight_cache: tuple[torch.Tensor, tuple, torch.Tensor] | None = None
 
@@ -99,8 +101,10 @@ def weight_grids(model: nn.Module) -> dict[nn.Parameter, TensorQuantizer]:
     return {m.weight: m.weight_q for _, m in iter_quant_linears(model) if m.weight_q is not None}
 
 
-def quantize_linears(model: nn.Module, resolved: Mapping[str, "ResolvedLayer"]) -> dict[str, QuantLinear]:  # noqa: F821
-    """Swap each nn.Linear named in ``resolved`` for a QuantLinear with its specs (in place; returns the new ones).
+def quantize_linears(model: nn.Module, resolved: Mapping[str, "ResolvedLayer"],  # noqa: F821
+                     kernel: str | None = None) -> dict[str, QuantLinear]:
+    """Swap each nn.Linear named in ``resolved`` for a QuantLinear with its specs (in place; returns the new ones);
+    its quantizers run on ``kernel`` (compiled.KERNELS; None: the process default).
 
     Layers whose three roles are all unquantized stay plain nn.Linear, so an fp32 baseline runs the original graph.
     """
@@ -113,7 +117,7 @@ def quantize_linears(model: nn.Module, resolved: Mapping[str, "ResolvedLayer"]) 
             continue
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        ql = QuantLinear(module, name, spec.weight, spec.input, spec.grad, tied=spec.tied)
+        ql = QuantLinear(module, name, spec.weight, spec.input, spec.grad, tied=spec.tied, kernel=kernel)
         ql.to(device=module.weight.device)
         setattr(parent, child, ql)
         swapped[name] = ql

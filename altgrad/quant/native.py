@@ -4,9 +4,11 @@ A whole call (amax → scale → quantize(x·s)/s → statistics, new scaler sta
 contiguous float32 CPU tensor, bit for bit what the torch kernel computes (tests/quant/test_native.py), with no
 dynamo trace or guard check per process or per call. The shared library is compiled by ``$CXX`` (default ``c++``)
 with the flags below, through a subprocess, and loaded with ctypes; it is cached on disk under
-``${XDG_CACHE_HOME:-~/.cache}/altgrad/native/`` keyed by the source, compiler, flags and machine, so a later process
-only loads it. ``ALTGRAD_NATIVE=0`` turns the road off (every call takes the compiled torch graph); where the build
-fails, one warning says why and the compiled road serves every call.
+``${XDG_CACHE_HOME:-~/.cache}/altgrad/native/`` keyed by the source, the enum table (kernel_abi.py, written beside
+it as kernel_abi.h), compiler, flags and machine, so a later process only loads it. Whether a quantizer takes this
+road is the run's ``quant.kernel`` (``auto``: here where it serves; see fake_quant.choose_road). Where the build
+fails, ``kernel()`` warns once and returns None (``auto`` then takes the compiled road); ``require()`` raises with
+the reason.
 """
 
 from __future__ import annotations
@@ -23,18 +25,15 @@ from pathlib import Path
 
 import torch
 
+from altgrad.quant import kernel_abi
+
 SOURCE = Path(__file__).with_name("native_kernel.cpp")
 FLAGS = ("-O3", "-march=native", "-fno-fast-math", "-ffp-contract=off", "-fopenmp", "-std=c++17", "-shared",
          "-fPIC")
-ROUNDING_CODES = {"nearest": 0, "stochastic": 1, "toward_zero": 2}  # native_kernel.cpp's enum
-VARIANT_FLAGS = {"bit_round": 1, "tie_flip": 2, "zero_sign": 4, "saturates": 8, "wide_quantum": 16}
-KINDS = {"none": 0, "tensor": 1, "delayed": 2, "given": 3}  # scale kinds the kernel computes itself (or is given)
+ROUNDING_CODES = {name: i for i, name in enumerate(kernel_abi.ROUNDINGS)}
+VARIANT_FLAGS = {name: kernel_abi.flag(name) for name in kernel_abi.VARIANT_FLAGS}
+KINDS = {name: i for i, name in enumerate(kernel_abi.SCALE_KINDS)}  # scale kinds the kernel computes (or is given)
 MAX_NUMEL = 2**31  # the stochastic hash counts elements in int32
-
-
-def enabled() -> bool:
-    """``ALTGRAD_NATIVE`` (default on): whether CPU float32 calls may take the native kernel."""
-    return os.environ.get("ALTGRAD_NATIVE", "1").lower() not in ("0", "false", "no", "off", "")
 
 
 def _compiler() -> str:
@@ -64,18 +63,22 @@ def cache_dir() -> Path:
 def _library_path(compiler_path: str) -> Path:
     """The cache file of this source built by this compiler binary (path, size, mtime) with FLAGS on this machine."""
     st = os.stat(compiler_path)
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), compiler_path, str(st.st_size), str(st.st_mtime_ns),
-                                    " ".join(FLAGS), _machine()]).encode()).hexdigest()[:24]
+    key = hashlib.sha256("\0".join([SOURCE.read_text(), kernel_abi.header(), compiler_path, str(st.st_size),
+                                    str(st.st_mtime_ns), " ".join(FLAGS), _machine()]).encode()).hexdigest()[:24]
     return cache_dir() / f"quant-{key}.so"
 
 
 def _build(compiler_path: str, target: Path) -> None:
-    """Compile SOURCE into ``target`` atomically (a temporary file in the same folder, then a rename)."""
+    """Compile SOURCE (with the generated kernel_abi.h) into ``target`` atomically (a temporary file in the same
+    folder, then a rename)."""
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=target.stem + ".", suffix=".tmp", dir=target.parent)
     os.close(fd)
     try:
-        done = subprocess.run([compiler_path, *FLAGS, "-o", tmp, str(SOURCE)], capture_output=True, text=True)
+        with tempfile.TemporaryDirectory(prefix="altgrad-abi-") as include:
+            Path(include, "kernel_abi.h").write_text(kernel_abi.header())
+            done = subprocess.run([compiler_path, *FLAGS, "-I", include, "-o", tmp, str(SOURCE)],
+                                  capture_output=True, text=True)
         if done.returncode != 0:
             raise RuntimeError(f"{compiler_path} exited with {done.returncode}: {done.stderr.strip()[-2000:]}")
         os.replace(tmp, target)
@@ -102,33 +105,50 @@ class NativeKernel:
         sums.restype = None
         self.flip_sums = sums
         self.lanes = int(lib.altgrad_lanes())
+        abi = lib.altgrad_abi
+        abi.restype = ctypes.c_char_p
+        self.abi = abi().decode()
+        if self.abi != kernel_abi.describe():
+            raise RuntimeError(f"{path} was built with another enum table ({self.abi!r}); delete it to rebuild")
         self._lib = lib
 
 
-_KERNEL: list[NativeKernel | None] = []  # [] = not loaded yet; [None] = unavailable in this process
+# [] = not tried yet; [kernel] = loaded; [None, reason] = unavailable in this process, and why
+_KERNEL: list = []
+
+
+def _load() -> None:
+    found, reason = None, ""
+    try:
+        compiler = shutil.which(_compiler())
+        if compiler is None:
+            raise RuntimeError(f"no C++ compiler {_compiler()!r} on PATH (set CXX to one)")
+        path = _library_path(compiler)
+        if not path.exists():
+            _build(compiler, path)
+        found = NativeKernel(path)
+    except (OSError, RuntimeError, subprocess.SubprocessError) as err:
+        reason = f"{type(err).__name__}: {err}"
+        warnings.warn(f"altgrad.quant: the native CPU kernel is unavailable ({reason}); CPU float32 quantization "
+                      "takes the compiled torch road", stacklevel=4)
+    _KERNEL[:] = [found] if found is not None else [None, reason]
 
 
 def kernel() -> NativeKernel | None:
-    """The native kernel, built or loaded once per process; None where it is switched off or cannot be built
-    (one warning then says why; callers take the compiled torch road)."""
-    if _KERNEL:
-        return _KERNEL[0]
-    found = None
-    if enabled():
-        try:
-            compiler = shutil.which(_compiler())
-            if compiler is None:
-                raise RuntimeError(f"no C++ compiler {_compiler()!r} on PATH (set CXX to one)")
-            path = _library_path(compiler)
-            if not path.exists():
-                _build(compiler, path)
-            found = NativeKernel(path)
-        except (OSError, RuntimeError, subprocess.SubprocessError) as err:
-            warnings.warn(f"altgrad.quant: the native CPU kernel is unavailable ({type(err).__name__}: {err}); "
-                          "CPU float32 quantization takes the compiled torch road", stacklevel=3)
-            found = None
-    _KERNEL.append(found)
-    return found
+    """The native kernel, built or loaded once per process; None where it cannot be built (one warning then says
+    why; ``quant.kernel=auto`` takes the compiled torch road)."""
+    if not _KERNEL:
+        _load()
+    return _KERNEL[0]
+
+
+def require() -> NativeKernel:
+    """The native kernel, or a RuntimeError saying why it cannot be built (``quant.kernel=native``)."""
+    k = kernel()
+    if k is None:
+        raise RuntimeError(f"quant.kernel=native: the native CPU kernel is unavailable ({_KERNEL[1]}); valid: "
+                           "auto (the compiled road where it is missing), compiled, eager")
+    return k
 
 
 def reset() -> None:
@@ -177,6 +197,40 @@ def quant_call(k: NativeKernel, x: torch.Tensor, params: torch.Tensor, rounding:
     if rc != 0:
         raise RuntimeError(f"altgrad.quant: the native kernel refused rounding={rounding!r}, kind={kind!r}")
     return y
+
+
+class CallPlan:
+    """One quantizer's native call with every argument but the input resolved once: the pointers of its format's
+    cached kernel parameters and scale constants and of its own buffers (scaler state, statistics), the codes of its
+    rounding mode, variant and scale kind. ``__call__(x, seed, update)`` is then ``quant_call`` without the per-call
+    look-ups (the same library call, the same bits). ``holds`` is what it points into: the plan is valid while the
+    quantizer still has exactly these tensors (``Quantizer.native_plan`` checks their identity)."""
+
+    __slots__ = ("fn", "head", "tail", "stats", "holds")
+
+    def __init__(self, k: NativeKernel, params: torch.Tensor, rounding: str, variant_flags: int, kind: str,
+                 pow2: bool, consts: torch.Tensor, scale: torch.Tensor | None, history: torch.Tensor | None,
+                 reduce_max: bool, stats: torch.Tensor | None, holds: tuple) -> None:
+        self.fn = k.call
+        self.head = (params.data_ptr(), ROUNDING_CODES[rounding], variant_flags)
+        hist_len = 0 if history is None else history.numel()
+        self.tail = (KINDS[kind], int(pow2), consts.data_ptr(), _ptr(scale), _ptr(history), hist_len,
+                     int(reduce_max))
+        self.stats = _ptr(stats)
+        self.holds = (params, consts, *holds)  # kept alive: the pointers above stay valid
+
+    def __call__(self, x: torch.Tensor, seed: torch.Tensor | int | None, update: bool) -> torch.Tensor | None:
+        xc = x.detach().contiguous()
+        try:
+            xp = xc.data_ptr()
+        except RuntimeError:  # no storage of its own (vmap / grad transforms)
+            return None
+        y = torch.empty(x.shape, dtype=torch.float32)
+        rc = self.fn(xp, y.data_ptr(), xc.numel(), *self.head, 0 if seed is None else int(seed), *self.tail,
+                     int(update), self.stats, torch.get_num_threads(), None)
+        if rc != 0:
+            raise RuntimeError(f"altgrad.quant: the native kernel refused the call (code {rc})")
+        return y
 
 
 def variant_flags(variant: object) -> int:

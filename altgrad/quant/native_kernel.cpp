@@ -15,26 +15,20 @@
 #include <cstdint>
 #include <cstring>
 #include <utility>
+
+#include "kernel_abi.h"
 #if defined(_OPENMP)
 #include <omp.h>
 #endif
 #if defined(__AVX2__)
 #include <immintrin.h>
-#define ALTGRAD_AVX2 1
+#define KERNEL_AVX2 1
 #endif
 
 namespace {
 
-// Parameter slots: the order of rounding.py's _P_* constants.
-enum { P_SHIFT, P_LOW, P_HALF, P_LSB, P_FLIP, P_MAX, P_OVF, P_OVF_INF, P_MAGIC, P_EMIN_BITS, P_Y1, P_Y2,
-       P_EMAX_BITS, P_CSHIFT, P_COUNT };
-enum { NEAREST = 0, STOCHASTIC = 1, TOWARD_ZERO = 2 };  // rounding.py's ROUNDINGS order
-// Variant flags (rounding.Variant), one bit each.
-enum { BIT_ROUND = 1, TIE_FLIP = 2, ZERO_SIGN = 4, SATURATES = 8, WIDE_QUANTUM = 16 };
-// Scale kinds of one call (native.py's KINDS).
-enum { KIND_NONE = 0, KIND_TENSOR = 1, KIND_DELAYED = 2, KIND_GIVEN = 3 };
-// Statistics slots (stats.py's STAT_NAMES).
-enum { S_SATURATED, S_ZERO, S_SUBNORMAL, S_NONFINITE, S_AMAX, S_SCALE };
+// The enums (parameter slots P_*, rounding modes, variant flag bits, scale kinds KIND_*, statistics slots S_*) are
+// generated from altgrad/quant/kernel_abi.py, the table the Python side uses too: kernel_abi.h (native.py writes it).
 
 constexpr int32_t kAbs = 0x7FFFFFFF, kInf = 0x7F800000, kNan = 0x7FC00000, kExp = 0x7F800000;
 constexpr uint32_t kPhi = 0x9E3779B1u;  // rounding.random_bits: counter i → fmix32(i·φ + key)
@@ -96,7 +90,7 @@ inline int32_t round1(int32_t bits, uint32_t r, const int32_t* p) {
   return a0 > kInf ? kNan : out;
 }
 
-#ifdef ALTGRAD_AVX2
+#ifdef KERNEL_AVX2
 struct Vec {
   __m256i shift, low, not_low, half, lsb, flip, max, ovf, ovf_inf, magic, emin, emin_less1, emax, cshift;
   __m256 y1, y2, q;  // q: the quantum below the smallest normal (0 where it is not a normal float32)
@@ -237,7 +231,7 @@ inline void one(const Pass& w, int64_t i, Counts& c) {
 template <int kRounding, int kFlags>
 void span(const Pass& w, int64_t begin, int64_t end, Counts& c) {
   int64_t i = begin;
-#ifdef ALTGRAD_AVX2
+#ifdef KERNEL_AVX2
   const Vec p = vec_params(w.p);
   const bool q_road = !(kFlags & WIDE_QUANTUM) && as_i(p.q[0]) != 0;
   __m256 s = _mm256_set1_ps(w.s), inv = _mm256_set1_ps(w.inv_s);
@@ -374,7 +368,7 @@ int32_t amax_bits(const int32_t* x, int64_t n, int threads) {
     const int64_t end = (k + 1) * kChunk < n ? (k + 1) * kChunk : n;
     int64_t i = k * kChunk;
     int32_t m = 0;
-#ifdef ALTGRAD_AVX2
+#ifdef KERNEL_AVX2
     __m256i v = _mm256_setzero_si256();
     for (; i + 8 <= end; i += 8) {
       const __m256i a = _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + i)), splat(kAbs));
@@ -409,9 +403,12 @@ float scale_from(float amax, float prev, float max, float margin, bool pow2) {
 
 extern "C" {
 
+// The enum table this library was built with (kernel_abi.describe()): native.py checks it at load.
+const char* altgrad_abi() { return kAbi; }
+
 // Lanes of the vector road: 8 with AVX2, 1 where the build has only the scalar road.
 int altgrad_lanes() {
-#ifdef ALTGRAD_AVX2
+#ifdef KERNEL_AVX2
   return 8;
 #else
   return 1;
@@ -464,9 +461,9 @@ int altgrad_quant_call(const float* x, float* y, int64_t n, const int32_t* p, in
   }
   if (stats != nullptr) {  // fractions as float64 count / n rounded to float32 (stats.py)
     const double d = static_cast<double>(n > 0 ? n : 1);
-    stats[S_SATURATED] = static_cast<float>(static_cast<double>(c.saturated) / d);
-    stats[S_ZERO] = static_cast<float>(static_cast<double>(c.zero) / d);
-    stats[S_SUBNORMAL] = static_cast<float>(static_cast<double>(c.subnormal) / d);
+    stats[S_FRAC_SATURATED] = static_cast<float>(static_cast<double>(c.saturated) / d);
+    stats[S_FRAC_ZERO] = static_cast<float>(static_cast<double>(c.zero) / d);
+    stats[S_FRAC_SUBNORMAL] = static_cast<float>(static_cast<double>(c.subnormal) / d);
     stats[S_NONFINITE] = static_cast<float>(c.nonfinite);
     stats[S_AMAX] = amax;
     stats[S_SCALE] = s;

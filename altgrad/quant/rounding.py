@@ -21,9 +21,10 @@ hash of (seed, element index), so no random tensor is materialised.
 Formats are derived into a small int32 parameter tensor; the compiled kernel is specialised only on which
 optional steps a format needs (``Variant``: a handful in all), so formats share kernels without recompiling.
 ``quantize`` runs a contiguous-or-not float32 CPU tensor through the native kernel (``native``: the same operations
-in C++, built once per machine; ``ALTGRAD_NATIVE=0`` turns it off) and everything else through
-``torch.compile(dynamic=True)`` (``ALTGRAD_COMPILE=0`` keeps that eager), falling back to eager, with one warning,
-where compilation fails. ``quantize_eager`` (``compiled=False``) is always the eager torch kernel: the reference.
+in C++, built once per machine) and everything else through ``torch.compile(dynamic=True)``, falling back to eager,
+with one warning, where compilation fails; ``kernel`` (compiled.KERNELS) picks one road instead (without it the
+compiled road compiles unless
+compiled.compiling). ``quantize_eager`` is always the eager torch kernel: the reference.
 Inputs of other float dtypes are computed in float32 and cast back: exact when the format is narrower than the
 dtype; a format wider than the dtype (e.g. fp16 on a bf16 tensor) is rounded twice (format, then dtype).
 """
@@ -39,11 +40,11 @@ from typing import NamedTuple
 import torch
 
 from altgrad.quant.format import FloatFormat
-from altgrad.quant import native
+from altgrad.quant import kernel_abi, native
 from altgrad.quant.device_constants import device_constant
-from altgrad.quant.compiled import fused, renamed
+from altgrad.quant.compiled import check_kernel, fused, renamed
 
-ROUNDINGS = ("nearest", "stochastic", "toward_zero")
+ROUNDINGS = kernel_abi.ROUNDINGS
 OVERFLOWS = ("saturate", "overflow")
 
 _INT_MIN = -(2**31)
@@ -52,9 +53,11 @@ INF_BITS = 0x7F800000  # +Inf's bit pattern: finite |x| patterns are below it
 _NAN = 0x7FC00000
 _INV_POW2_BITS = 254 << 23  # 1/2^k has biased exponent 254 − e(2^k): subtracting the bit patterns inverts 2^k
 
-# Parameter-tensor slots (int32), derived once per (format, rounding, overflow, device).
+# Parameter-tensor slots (int32), derived once per (format, rounding, overflow, device): kernel_abi.PARAMS' order.
 (_P_SHIFT, _P_LOW, _P_HALF, _P_LSB, _P_FLIP, _P_MAX, _P_OVF, _P_OVF_INF, _P_MAGIC, _P_EMIN_BITS, _P_Y1, _P_Y2,
- _P_EMAX_BITS, _P_CSHIFT) = range(14)
+ _P_EMAX_BITS, _P_CSHIFT) = (kernel_abi.code(kernel_abi.PARAMS, n) for n in (
+    "shift", "low", "half", "lsb", "flip", "max", "ovf", "ovf_inf", "magic", "emin_bits", "y1", "y2", "emax_bits",
+    "cshift"))
 _EXP = 0x7F800000
 
 
@@ -298,9 +301,16 @@ def _as_rows(x: torch.Tensor, scale: torch.Tensor | None) -> tuple[torch.Tensor,
     return x2, scale.expand(x.shape).reshape(-1, cols)
 
 
+def _road(compiled: bool | None, kernel: str | None) -> str:
+    """The kernel a call takes: ``kernel``; else ``eager`` for compiled=False, ``auto`` otherwise."""
+    if kernel is not None:
+        return check_kernel(kernel, "kernel")
+    return "eager" if compiled is False else "auto"
+
+
 def _run(x: torch.Tensor, fmt: FloatFormat, rounding: str, overflow: str, scale: torch.Tensor | None,
-         generator: torch.Generator | None, seed: int | torch.Tensor | None, compiled: bool,
-         scale_pow2: bool = False) -> torch.Tensor:
+         generator: torch.Generator | None, seed: int | torch.Tensor | None, compiled: bool | None,
+         scale_pow2: bool = False, kernel: str | None = None) -> torch.Tensor:
     if not isinstance(fmt, FloatFormat):
         raise ValueError(f"fmt must be a FloatFormat (see altgrad.quant.get_format), got {type(fmt).__name__}")
     check_modes(rounding, overflow)
@@ -311,8 +321,12 @@ def _run(x: torch.Tensor, fmt: FloatFormat, rounding: str, overflow: str, scale:
     if rounding == "stochastic":
         s = seed if isinstance(seed, torch.Tensor) else draw_seed(x.device, generator, seed)
     variant = kernel_variant(fmt, rounding, overflow)
-    if compiled and native.takes(x):
-        k = native.kernel()
+    road = _road(compiled, kernel)
+    if road == "native" and not native.takes(x):
+        raise ValueError(f"kernel='native' takes float32 CPU tensors only, not a {x.dtype} tensor on {x.device}; "
+                         "valid: auto, compiled, eager")
+    if road in ("auto", "native") and native.takes(x):
+        k = native.require() if road == "native" else native.kernel()
         if k is not None:
             given = None if scale is None else scale.detach().to(device=x.device, dtype=torch.float32).contiguous()
             y = native.quant_call(k, x, p, rounding, native.variant_flags(variant), s,
@@ -325,7 +339,7 @@ def _run(x: torch.Tensor, fmt: FloatFormat, rounding: str, overflow: str, scale:
     # not differentiable; no_grad (µs per call) only where autograd would otherwise record the kernel
     needs_grad = torch.is_grad_enabled() and any(a is not None and a.requires_grad for a in args)
     with torch.no_grad() if needs_grad else contextlib.nullcontext():
-        out = kernel(*args, compiled=compiled)
+        out = kernel(*args, compiled=False if road == "eager" else True if road == "compiled" else compiled)
     return out if xr is x else out.view(x.shape)
 
 
@@ -338,7 +352,7 @@ def quantize(x: torch.Tensor, fmt: FloatFormat, rounding: str = "nearest", overf
     (±Inf where the policy has Inf, NaN where it has only NaN; ``finite`` formats always saturate).
     NaN in → NaN out; −0 is kept only where the policy has −0.
     """
-    return _run(x, fmt, rounding, overflow, None, generator, seed, compiled=True)
+    return _run(x, fmt, rounding, overflow, None, generator, seed, compiled=None)
 
 
 def quantize_eager(x: torch.Tensor, fmt: FloatFormat, rounding: str = "nearest", overflow: str = "saturate",
@@ -349,11 +363,14 @@ def quantize_eager(x: torch.Tensor, fmt: FloatFormat, rounding: str = "nearest",
 
 def quantize_scaled(x: torch.Tensor, fmt: FloatFormat, scale: torch.Tensor | None, rounding: str = "nearest",
                     overflow: str = "saturate", generator: torch.Generator | None = None,
-                    seed: int | torch.Tensor | None = None, compiled: bool = True,
-                    scale_pow2: bool = False) -> torch.Tensor:
+                    seed: int | torch.Tensor | None = None, compiled: bool | None = None,
+                    scale_pow2: bool = False, kernel: str | None = None) -> torch.Tensor:
     """quantize(x·scale)/scale in one fused pass (``scale`` float32, broadcastable to x; None = 1).
 
-    ``scale_pow2=True`` promises every scale is a power of two in [2^-126, 2^126] (what pow2 and block scalers
-    give): the unscaling is then one exact multiply instead of a float64 division (see ``unscale``).
+    ``kernel`` (compiled.KERNELS) picks the road; without it ``auto``, where ``compiled=False`` makes the torch
+    road eager and ``None`` leaves it to compiled.compiling. ``scale_pow2=True`` promises every scale is a power of
+    two in [2^-126, 2^126] (what pow2 and block scalers give): the unscaling is then one exact multiply instead of a
+    float64 division (see ``unscale``).
     """
-    return _run(x, fmt, rounding, overflow, scale, generator, seed, compiled=compiled, scale_pow2=scale_pow2)
+    return _run(x, fmt, rounding, overflow, scale, generator, seed, compiled=compiled, scale_pow2=scale_pow2,
+                kernel=kernel)

@@ -114,7 +114,7 @@ def block_scale(x: torch.Tensor, consts: torch.Tensor, state: State, pow2: bool,
     s = scale_from_amax(amax, consts, 1.0, pow2=True).reshape(a.shape[0], -1)  # (rows, blocks)
     # column j takes its block's scale by a gather; the equivalent expand → reshape → [:, :cols] slice was
     # miscompiled by inductor (torch 2.13, CPU) whenever cols is not a multiple of the block: wrong scales past
-    # the first block (tests/quant/test_fused_static.py)
+    # the first block (tests/quant/test_compiled.py::test_block_scales_compile_right_when_rows_are_not_whole_blocks)
     s = s[:, torch.arange(cols, device=s.device) // block]
     return s.reshape(x.shape), ()
 

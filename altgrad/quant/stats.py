@@ -11,11 +11,12 @@ import math
 
 import torch
 
+from altgrad.quant import kernel_abi
+from altgrad.quant.compiled import fused
 from altgrad.quant.device_constants import device_constant
 from altgrad.quant.format import FloatFormat
-from altgrad.quant.compiled import fused
 
-STAT_NAMES = ("frac_saturated", "frac_zero", "frac_subnormal", "nonfinite", "amax", "scale")
+STAT_NAMES = kernel_abi.STAT_NAMES
 
 def _stats(x: torch.Tensor, y: torch.Tensor, scale: torch.Tensor, consts: torch.Tensor) -> torch.Tensor:
     return stats_of(x, y, scale, consts[0], consts[1])
@@ -46,8 +47,9 @@ _fused_stats = fused(_stats)
 
 
 def quant_stats(x: torch.Tensor, y: torch.Tensor, fmt: FloatFormat, scale: torch.Tensor | None = None,
-                compiled: bool = True) -> torch.Tensor:
-    """STAT_NAMES values for input x, its fake-quantized y (= q(x·s)/s) and the scale s (None = 1)."""
+                compiled: bool | None = None) -> torch.Tensor:
+    """STAT_NAMES values for input x, its fake-quantized y (= q(x·s)/s) and the scale s (None = 1); ``compiled``
+    None: the process default (compiled.compiles)."""
     consts = device_constant(("stats thresholds", fmt), lambda: [fmt.max, math.ldexp(1.0, fmt.emin)], torch.float32,
                              x.device)
     if scale is None:

@@ -18,6 +18,8 @@ from typing import Any
 
 import yaml
 
+from altgrad.report.order import recorded_format_label
+
 STATES = ("completed", "diverged", "failed", "interrupted", "missing", "corrupt")
 """completed/diverged/failed/interrupted come from summary.json (interrupted: stopped by a signal, resumable; not a
 result yet); missing = no summary.json; corrupt = unreadable summary."""
@@ -47,7 +49,8 @@ class Job:
 
     @property
     def format(self) -> str:
-        return str(self.get("format") or "?")
+        """The format option's label as the run recorded it (bf16_ref, not bf16, for the wide reference)."""
+        return str(recorded_format_label(self.get("format"), self.config.get("format")) or "?")
 
     @property
     def optimizer(self) -> str:

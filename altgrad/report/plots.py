@@ -16,7 +16,7 @@ from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 from altgrad.report.benefit import Benefit
 from altgrad.report.cells import Cell, describe, varying_fields
 from altgrad.report.load import Job
-from altgrad.report.order import FORMAT_ORDER, OPTIMIZER_ORDER, STORAGE_ORDER, mantissa_bits, rank
+from altgrad.report.order import FORMAT_ORDER, OPTIMIZER_ORDER, STORAGE_ORDER, mantissa_bits, preset_of, rank
 from altgrad.report.study import StudyResult
 
 
@@ -304,7 +304,7 @@ def plot_format_grids(formats: Sequence[str], path: Path) -> tuple[Path | None, 
     grids, skipped = [], []
     for name in names:
         try:
-            values = get_format(name).values()
+            values = get_format(preset_of(name) or name).values()
             values = np.asarray(values.detach().cpu() if hasattr(values, "detach") else values, dtype=np.float64)
         except (ValueError, KeyError) as exc:
             skipped.append(f"{name} ({exc})")

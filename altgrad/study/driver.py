@@ -25,7 +25,7 @@ from altgrad.report.load import load_sweeps
 from altgrad.study import sweeps as runner
 from altgrad.study.plan import REPO, Stage, StudyPlan, sweep_seed_list
 from altgrad.study.power import paired_groups, power_for
-from altgrad.sweep import lr_pick
+from altgrad.sweep import lr_pick, lr_table
 from altgrad.sweep.horizon import pick_horizon
 from altgrad.sweep.records import collect, copy_job, job_dirs, job_status
 
@@ -267,7 +267,7 @@ class Study:
     def power(self, stage: Stage) -> None:
         """Choose the evaluation's seeds from the tuning runs' paired SD; record the calculation."""
         jobs = load_sweeps([self.root / s for s in stage.get("stages")]).jobs
-        table = lr_pick.read_table(self.table)
+        table = lr_table.read_table(self.table)
         picks = {fmt: {arm: lr for arm, (lr, _) in arms.items()} for fmt, arms in table.items()}
         groups = paired_groups(jobs, picks, [tuple(c) for c in stage.get("contrasts")])
         result = power_for(groups, margin=float(stage.get("margin")), power=float(stage.get("power")),

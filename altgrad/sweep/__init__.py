@@ -1,2 +1,3 @@
 """Named experiments as Hydra multiruns: their grids and job dirs (plan), reruns that skip finished jobs (resume),
-and the learning rates lr_scan picks for the other experiments (lr_pick)."""
+the tuned learning rate of every (format, arm) cell of a tuning sweep (lr_pick) and the table it goes into
+(lr_table), and the resumable study driver (study)."""

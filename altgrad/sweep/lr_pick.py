@@ -1,39 +1,31 @@
-"""Learning rates from lr-scan sweeps: one per optimizer (pooled over formats), or one per (format, arm) into a table.
+"""The tuned learning rate of every (format, arm) cell of lr-scan sweeps, merged into a tuned-lr table.
 
 A scanned lr is a candidate when every run of it in the cell completed (none diverged, failed or is missing); its
-score is the mean final validation loss over seeds (pooled: the mean over formats of that, formats weighing
-equally, among lrs scanned in every format). The pick is the candidate with the lowest score. A pick is refused
-(nothing is written, exit 2) when
+score is the mean final validation loss over seeds. The pick is the candidate with the lowest score. A pick is
+refused (nothing is written, exit 2) when
 
 - it sits at an edge of the scanned grid (the lowest lr, or the highest with no diverged lr above it), so the
-  optimum may lie outside, or (per format) no lr is stable at all; ``--extend FILE`` then writes the commands of
-  an extension scan (two more lrs beyond the edge at the grid's own ratio, below the grid when nothing was stable;
-  same tuning seeds, into the same sweep folder, resumable), or
+  optimum may lie outside, or no lr is stable at all; ``--extend FILE`` then writes the commands of an extension
+  scan (two more lrs beyond the edge at the grid's own ratio, below the grid when nothing was stable; same tuning
+  seeds, into the same sweep folder, resumable), or
+- fewer lrs were scanned than ``--min-lrs``, or the cell's lrs ran on different seeds, or
 - a tuning run's seed is also an evaluation seed (``--eval-seeds``), or
-- (``--table``) an arm's tuning runs stepped their grid-less parameters at another lr than AdamW's pick in that
-  format (the plain groups must step as the baseline does: tune adamw first, then the other arms with
-  ``baseline.lr=${tuned_lr.${format.name}.plain}``), or AdamW has no pick in that format yet.
+- an arm's tuning runs stepped their grid-less parameters at another lr than the plain arm's pick in that format
+  (the plain groups must step as the baseline does: tune the plain arm, AdamW by default, first, then the other
+  arms with ``baseline.lr=${tuned_lr.${format.label}.plain}``), or the plain arm has no pick in that format yet.
 
-Outputs: ``--write`` puts the pooled picks into the bundles of conf/experiment/optim (AdamW's into
-baseline/adamw.yaml, which every bundle's plain groups use); ``--table FILE`` merges per-format picks into a
-tuned-lr table (conf/experiment/optim/tuned/NAME.yaml) that evaluation sweeps read by interpolation:
+A job's arm is its study arm (``arm``, conf/arm/) where it has one, else its optimizer (NAME-ongrid_ROUNDING with
+weights stored on the grid). ``--table FILE`` merges the picks into a tuned-lr table (altgrad.sweep.lr_table: the
+plain arm's pick, ``--plain-arm``, also becomes the format's ``plain`` lr); without it the picks are printed only.
 
-    tuned_lr:
-      e4m3:
-        plain: 0.003    # AdamW's pick: every arm's grid-less parameters (baseline.lr)
-        adamw: 0.003
-        manifold: 1.0   # fp32-master arms by optimizer.name; on-grid arms as NAME-ongrid_ROUNDING
-    # an experiment: baseline: {lr: ${tuned_lr.${format.name}.plain}}
-    #                optimizer: {lr: ${tuned_lr.${format.name}.${optimizer.name}}}
-
-    python -m altgrad.sweep.lr_pick SWEEP_DIR... [--write] [--table FILE] [--eval-seeds 1,2,3] [--extend FILE]
+    python -m altgrad.sweep.lr_pick SWEEP_DIR... [--table FILE] [--eval-seeds 1,2,3] [--min-lrs N] [--extend FILE]
+        [--plain-arm ARM]
 """
 
 from __future__ import annotations
 
 import argparse
 import math
-import re
 import shlex
 import sys
 from collections import defaultdict
@@ -41,37 +33,24 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-import yaml
-
 from altgrad.report.load import Job, as_float, load_sweeps
-
-OPTIM_DIR = Path(__file__).resolve().parents[2] / "conf" / "experiment" / "optim"
-"""The optimizer bundles experiments use: conf/experiment/optim/NAME.yaml (optimizer preset + its lr)."""
-BASELINE_FILE = Path("baseline") / "adamw.yaml"
-"""Below the bundle folder: the AdamW baseline's lr (baseline.lr), which the adamw bundle's lr interpolates."""
-PLAIN_KEY = "plain"
-"""Table key of the lr of every arm's grid-less parameters in a format: AdamW's pick there."""
-_LR_LINE = re.compile(r"^(?P<indent>[ \t]+)lr:[^\n]*$", re.MULTILINE)
-_TABLE_ENTRY = re.compile(r"^    (?P<key>[^:#\s]+): (?P<value>[^#\n]+?)(?:  # (?P<note>[^\n]*))?$")
-_TABLE_FORMAT = re.compile(r"^  (?P<format>[^:#\s]+):\s*$")
+from altgrad.sweep.lr_table import PLAIN_KEY, Table, read_table, write_table
 
 
 @dataclass(frozen=True)
 class LrPick:
-    """The chosen lr of one cell (None: no candidate), its score, the candidates, the lrs at which some run did
-    not complete (diverged, failed, or missing), and why the pick cannot be used (``refusal``; None: usable).
-
-    A cell is one optimizer label pooled over formats (``format`` None) or one (format, arm) pair."""
+    """The chosen lr of one (format, arm) cell (None: no candidate), its score, the candidates, the lrs at which
+    some run did not complete (diverged, failed, or missing), and why the pick cannot be used (``refusal``; None:
+    usable)."""
 
     optimizer_label: str
+    format: str
+    arm: str
     lr: float | None
     score: float | None
-    formats: tuple[str, ...]
     candidates: tuple[float, ...]
     unstable: tuple[float, ...]
     scanned: tuple[float, ...] = ()
-    format: str | None = None
-    arm: str = ""
     seeds: tuple[int, ...] = ()
     edge: str | None = None
     refusal: str | None = None
@@ -81,15 +60,12 @@ class LrPick:
 
     @property
     def cell(self) -> str:
-        return self.optimizer_label if self.format is None else f"{self.arm} in {self.format}"
+        return f"{self.arm} in {self.format}"
 
     def describe(self) -> str:
         if self.lr is None:
-            where = f"every format {list(self.formats)}" if self.format is None else self.format
-            return (f"{self.cell}: no lr completed in {where} "
-                    f"(unstable: {[f'{x:g}' for x in self.unstable]})")
-        over = f"over {len(self.formats)} formats" if self.format is None else f"over seeds {list(self.seeds)}"
-        return (f"{self.cell}: lr={self.lr:g} (mean final val loss {self.score:.4f} {over}; "
+            return f"{self.cell}: no lr completed (unstable: {[f'{x:g}' for x in self.unstable]})"
+        return (f"{self.cell}: lr={self.lr:g} (mean final val loss {self.score:.4f} over seeds {list(self.seeds)}; "
                 f"{len(self.candidates)} stable lrs of {len(self.scanned)} scanned "
                 f"[{', '.join(f'{x:g}' for x in self.scanned)}], unstable: {[f'{x:g}' for x in self.unstable]})")
 
@@ -124,25 +100,21 @@ def edge_of(best: float, scanned: Sequence[float]) -> str | None:
     return None
 
 
-def _score_cell(by_lr: dict[float, list[Job]], pooled: bool) -> tuple[dict[float, float], list[float], tuple]:
-    formats = tuple(sorted({j.format for js in by_lr.values() for j in js}))
+def _score_cell(by_lr: dict[float, list[Job]]) -> tuple[dict[float, float], list[float]]:
+    """The mean final validation loss of every lr whose runs all completed, and the lrs where some did not."""
     scores: dict[float, float] = {}
     unstable = []
     for lr, js in sorted(by_lr.items()):
         if any(j.state != "completed" or j.final_loss is None for j in js):
             unstable.append(lr)
-            continue
-        per_format: dict[str, list[float]] = defaultdict(list)
-        for j in js:
-            per_format[j.format].append(float(j.final_loss))
-        if not pooled or set(per_format) == set(formats):
-            scores[lr] = sum(sum(v) / len(v) for v in per_format.values()) / len(per_format)
-    return scores, unstable, formats
+        else:
+            scores[lr] = sum(float(j.final_loss) for j in js) / len(js)
+    return scores, unstable
 
 
-def _pick(label: str, by_lr: dict[float, list[Job]], pooled: bool, fmt: str | None, arm: str,
-          eval_seeds: frozenset[int], min_lrs: int) -> LrPick:
-    scores, unstable, formats = _score_cell(by_lr, pooled)
+def _pick(label: str, by_lr: dict[float, list[Job]], fmt: str, arm: str, eval_seeds: frozenset[int],
+          min_lrs: int) -> LrPick:
+    scores, unstable = _score_cell(by_lr)
     jobs = tuple(j for js in by_lr.values() for j in js)
     seeds = tuple(sorted({j.seed for j in jobs if j.seed is not None}))
     best = min(scores, key=lambda lr: (scores[lr], lr)) if scores else None
@@ -159,24 +131,13 @@ def _pick(label: str, by_lr: dict[float, list[Job]], pooled: bool, fmt: str | No
     if overlap:
         refusals.append(f"tuning runs use seed(s) {overlap}, which are evaluation seeds {sorted(eval_seeds)}; tune "
                         "on seeds disjoint from the evaluation seeds")
-    if not pooled and len({tuple(sorted(j.seed for j in js if j.seed is not None)) for js in by_lr.values()}) > 1:
+    if len({tuple(sorted(j.seed for j in js if j.seed is not None)) for js in by_lr.values()}) > 1:
         refusals.append("its lrs were run on different seeds; run every lr on the same tuning seeds")
     if len(plain) > 1:
         refusals.append(f"its runs stepped the grid-less parameters at different lrs {plain}; one plain lr per cell")
-    return LrPick(label, best, scores.get(best) if best is not None else None, formats, tuple(sorted(scores)),
-                  tuple(unstable), scanned, fmt, arm, seeds, edge, "; and ".join(refusals) or None,
+    return LrPick(label, fmt, arm, best, scores.get(best) if best is not None else None, tuple(sorted(scores)),
+                  tuple(unstable), scanned, seeds, edge, "; and ".join(refusals) or None,
                   plain[0] if len(plain) == 1 else None, jobs, extendable=edge is not None and len(refusals) == 1)
-
-
-def pick_learning_rates(jobs: Iterable[Job], *, eval_seeds: Iterable[int] = (), min_lrs: int = 1
-                        ) -> dict[str, LrPick]:
-    """The pooled pick for every optimizer label among the jobs (see the module docstring for the rule)."""
-    runs: dict[str, dict[float, list[Job]]] = defaultdict(lambda: defaultdict(list))
-    for job in jobs:
-        if job.lr is not None:
-            runs[job.optimizer_label][job.lr].append(job)
-    seeds = frozenset(int(s) for s in eval_seeds)
-    return {label: _pick(label, by_lr, True, None, "", seeds, min_lrs) for label, by_lr in sorted(runs.items())}
 
 
 def pick_per_format(jobs: Iterable[Job], *, eval_seeds: Iterable[int] = (), min_lrs: int = 1
@@ -192,7 +153,7 @@ def pick_per_format(jobs: Iterable[Job], *, eval_seeds: Iterable[int] = (), min_
     seeds = frozenset(int(s) for s in eval_seeds)
     picks = {}
     for key, by_lr in sorted(runs.items()):
-        pick = _pick(labels[key], by_lr, False, key[0], key[1], seeds, min_lrs)
+        pick = _pick(labels[key], by_lr, key[0], key[1], seeds, min_lrs)
         if pick.lr is None and pick.refusal is None:  # a table needs every cell: look below the unstable lrs
             refusal = "no scanned lr completed on every tuning seed; scan lower (--extend FILE writes the jobs)"
             pick = replace(pick, edge="low", extendable=True, refusal=refusal)
@@ -201,70 +162,8 @@ def pick_per_format(jobs: Iterable[Job], *, eval_seeds: Iterable[int] = (), min_
 
 
 # -- the tuned-lr table ---------------------------------------------------------------------------------------------
-TableEntry = tuple[float, str]  # lr, provenance note
-
-
-def read_table(path: Path) -> dict[str, dict[str, TableEntry]]:
-    """format → key → (lr, note) of a table written by ``write_table`` (empty when the file does not exist)."""
-    if not path.exists():
-        return {}
-    text = path.read_text()
-    data = yaml.safe_load(text) or {}
-    if not isinstance(data, dict) or not isinstance(data.get("tuned_lr", {}), dict):
-        raise ValueError(f"{path} is not a tuned-lr table: it must hold a `tuned_lr:` mapping of format → arm → lr")
-    notes: dict[tuple[str, str], str] = {}
-    fmt = None
-    for line in text.splitlines():
-        if m := _TABLE_FORMAT.match(line):
-            fmt = m["format"]
-        elif (m := _TABLE_ENTRY.match(line)) and fmt is not None:
-            notes[(fmt, m["key"])] = m["note"] or ""
-    table: dict[str, dict[str, TableEntry]] = {}
-    for fmt, arms in (data.get("tuned_lr") or {}).items():
-        if not isinstance(arms, dict):
-            raise ValueError(f"{path}: tuned_lr.{fmt} must map arm → lr, got {arms!r}")
-        for key, lr in arms.items():
-            value = as_float(lr)
-            if value is None or value <= 0:
-                raise ValueError(f"{path}: tuned_lr.{fmt}.{key}={lr!r} is not a positive learning rate")
-            table.setdefault(str(fmt), {})[str(key)] = (value, notes.get((str(fmt), str(key)), ""))
-    return table
-
-
-def render_table(table: dict[str, dict[str, TableEntry]]) -> str:
-    """The table file's text: a usage header, then format → arm → lr with each pick's provenance as a comment."""
-    lines = [
-        "# @package _global_",
-        "# Tuned learning rates per format and arm, written by `python -m altgrad.sweep.lr_pick SWEEP... --table "
-        "FILE`",
-        "# (rerun it to change them). `plain` is AdamW's pick in that format: the lr of every arm's grid-less "
-        "parameters.",
-        "# fp32-master arms are keyed by optimizer.name, on-grid arms by NAME-ongrid_ROUNDING. An experiment uses "
-        "it with",
-        "#   defaults: [/experiment/optim/tuned/THIS_FILE_NAME]",
-        "#   baseline: {lr: ${tuned_lr.${format.name}.plain}}",
-        "#   optimizer: {lr: ${tuned_lr.${format.name}.${optimizer.name}}}",
-        "tuned_lr:",
-    ]
-    for fmt in sorted(table):
-        lines.append(f"  {fmt}:")
-        arms = table[fmt]
-        order = [k for k in (PLAIN_KEY, "adamw") if k in arms] + sorted(k for k in arms if k not in (PLAIN_KEY,
-                                                                                                        "adamw"))
-        for key in order:
-            lr, note = arms[key]
-            lines.append(f"    {key}: {_float_text(lr)}" + (f"  # {note}" if note else ""))
-    return "\n".join(lines) + "\n"
-
-
-def _float_text(lr: float) -> str:
-    value = f"{lr:.6g}"
-    return value + (".0" if value.lstrip("-").isdigit() else "")  # 3 → 3.0: a float, like every other lr
-
-
-def table_updates(picks: dict[tuple[str, str], LrPick], table: dict[str, dict[str, TableEntry]],
-                  sweeps: Sequence[str], plain_arm: str = "adamw"
-                  ) -> tuple[dict[str, dict[str, TableEntry]], list[str]]:
+def table_updates(picks: dict[tuple[str, str], LrPick], table: Table, sweeps: Sequence[str],
+                  plain_arm: str = "adamw") -> tuple[Table, list[str]]:
     """The table with the usable picks merged in, and the refusals of the plain-lr rule (one line each).
 
     The pick of ``plain_arm`` (AdamW's by default) also becomes the format's ``plain`` lr; every other arm must
@@ -285,11 +184,11 @@ def table_updates(picks: dict[tuple[str, str], LrPick], table: dict[str, dict[st
             new.setdefault(fmt, {})[arm] = (pick.lr, _note(pick, sweeps))
         elif plain is None:
             problems.append(f"{pick.cell}: {plain_arm} has no pick in {fmt} yet; tune {plain_arm} first, then this "
-                            "arm with baseline.lr=${tuned_lr.${format.name}.plain}")
+                            "arm with baseline.lr=${tuned_lr.${format.label}.plain}")
         elif pick.plain_lr is not None and not math.isclose(pick.plain_lr, plain[0], rel_tol=1e-9):
             problems.append(f"{pick.cell}: its runs stepped the grid-less parameters at lr {pick.plain_lr:g}, but "
                             f"{plain_arm}'s pick in {fmt} is {plain[0]:g}; rerun its scan with "
-                            "baseline.lr=${tuned_lr.${format.name}.plain}")
+                            "baseline.lr=${tuned_lr.${format.label}.plain}")
         else:
             new[fmt][arm] = (pick.lr, _note(pick, sweeps))
     return new, problems
@@ -345,7 +244,7 @@ def extension_command(pick: LrPick) -> str:
     if job.path.name.isdigit():
         raise ValueError(f"{pick.cell}: its sweep numbers its job dirs ({job.path}), so extension jobs would take "
                          "the numbers of finished ones; scan as a named experiment (job dirs named by their "
-                         "overrides, e.g. experiment=lr_scan), or run the extension into a new folder by hand")
+                         "overrides, e.g. experiment=study_cpu_tune), or run the extension into a new folder by hand")
     keys = [o.split("=", 1)[0] for o in job.overrides]
     lr_key = "baseline.lr" if "baseline.lr" in keys and "optimizer.lr" not in keys else "optimizer.lr"  # AdamW's
     kept = [o for o, k in zip(job.overrides, keys) if not k.startswith((*_NOT_REPEATED, lr_key))]
@@ -366,45 +265,6 @@ def write_extension(path: Path, picks: Iterable[LrPick]) -> int:
     return len(commands)
 
 
-# -- the bundles of the named experiments ---------------------------------------------------------------------------
-def bundle_labels(optim_dir: Path = OPTIM_DIR) -> dict[str, Path]:
-    """optimizer label (as summary.json records it) → bundle file, for every <optim_dir>/*.yaml.
-
-    Each bundle is composed the way an experiment uses it (``+experiment/optim=NAME`` on train.yaml of the conf
-    tree holding optim_dir), so the label is the one its runs report.
-    """
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    conf_dir = optim_dir.resolve().parents[1]
-    out = {}
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
-            for path in sorted(optim_dir.glob("*.yaml")):
-                cfg = compose(config_name="train", overrides=[f"+experiment/optim={path.stem}"])
-                out[str(cfg.optimizer.get("label") or cfg.optimizer.name)] = path
-    finally:
-        GlobalHydra.instance().clear()
-    return out
-
-
-def lr_file(bundle: Path) -> Path:
-    """Where a bundle's lr is written: the bundle, or the baseline file when its lr is ``${baseline.lr}``."""
-    m = _LR_LINE.search(bundle.read_text())
-    if m and "${baseline.lr}" in m.group(0):
-        return bundle.parent / BASELINE_FILE
-    return bundle
-
-
-def write_lr(path: Path, lr: float, note: str) -> None:
-    """Replace the file's `  lr: ...` line (under optimizer: or baseline:) with the picked lr and its source."""
-    text = path.read_text()
-    if len(_LR_LINE.findall(text)) != 1:
-        raise ValueError(f"{path} must hold exactly one indented `lr:` line (under optimizer:) to be rewritten")
-    path.write_text(_LR_LINE.sub(lambda m: f"{m['indent']}lr: {_float_text(lr)}  # {note}", text))
-
-
 # -- command line ---------------------------------------------------------------------------------------------------
 def _seed_list(text: str) -> list[int]:
     try:
@@ -416,23 +276,16 @@ def _seed_list(text: str) -> list[int]:
 def main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m altgrad.sweep.lr_pick", description=__doc__.split("\n\n")[0])
     parser.add_argument("sweep_dirs", nargs="+", metavar="SWEEP_DIR", help="lr-scan multirun folder(s)")
-    parser.add_argument("--write", action="store_true", help="put the pooled picks into the optimizer bundles")
-    parser.add_argument("--optim-dir", type=Path, default=OPTIM_DIR, help="folder of the optimizer bundles")
-    parser.add_argument("--table", type=Path, help="pick per (format, arm) and merge the picks into this table")
+    parser.add_argument("--table", type=Path, help="merge the picks into this tuned-lr table (else: print them)")
     parser.add_argument("--eval-seeds", type=_seed_list, default=[], help="refuse tuning runs on these seeds")
     parser.add_argument("--min-lrs", type=int, default=1, help="refuse cells with fewer scanned lrs")
     parser.add_argument("--extend", type=Path, help="write the extension scans of edge picks to this script")
     parser.add_argument("--plain-arm", default="adamw",
                         help="--table: the arm whose pick is each format's plain lr (default adamw)")
     args = parser.parse_args(list(argv))
-    if args.write and args.table:
-        print("error: --write (pooled picks into the bundles) and --table (per-format picks) exclude each other; "
-              "give one", file=sys.stderr)
-        return 2
     try:
         sweep = load_sweeps(args.sweep_dirs)
-        kw = {"eval_seeds": args.eval_seeds, "min_lrs": args.min_lrs}
-        picks = pick_per_format(sweep.jobs, **kw) if args.table else pick_learning_rates(sweep.jobs, **kw)
+        picks = pick_per_format(sweep.jobs, eval_seeds=args.eval_seeds, min_lrs=args.min_lrs)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -467,22 +320,8 @@ def main(argv: Sequence[str]) -> int:
                 print(f"error: {line}", file=sys.stderr)
             print("nothing written: resolve the refusals above first", file=sys.stderr)
             return 2
-        args.table.parent.mkdir(parents=True, exist_ok=True)
-        args.table.write_text(render_table(table))
+        write_table(args.table, table)
         print(f"written to {args.table}")
-        return 0
-    if args.write:
-        bundles = bundle_labels(args.optim_dir)
-        for pick in picks.values():
-            if pick.lr is None:
-                continue
-            if pick.optimizer_label not in bundles:
-                print(f"  no bundle in {args.optim_dir} has optimizer.label {pick.optimizer_label!r}; not written")
-                continue
-            target = lr_file(bundles[pick.optimizer_label])
-            note = f"lr_scan pick ({', '.join(note_sweeps)}): mean final val loss {pick.score:.4f}"
-            write_lr(target, pick.lr, note)
-            print(f"  {pick.optimizer_label}: written to {target}")
     return 0
 
 

@@ -1,6 +1,6 @@
 """The jobs a sweep will run, without running them: each job's overrides and its job dir, as Hydra will name it.
 
-``python -m altgrad.sweep.plan experiment=manifold_ab [overrides]`` prints the count and the job dirs (a dry run);
+``python -m altgrad.sweep.plan experiment=format_ablation [overrides]`` prints the count and the job dirs (a dry run);
 the tests use it to check each experiment's job count and that its job dirs are unique and carry the seed.
 The expansion is Hydra's own (BasicSweeper's cartesian product of ``hydra.sweeper.params`` and the command line's
 sweeps); a job dir is ``hydra.sweep.subdir`` resolved with that job's ``override_dirname`` and group choices.

@@ -22,10 +22,12 @@ from altgrad.resume_check import flatten
 
 FINISHED = ("completed", "diverged")
 SUMMARY = "summary.json"
-# Config keys that say where and how a run is stored or shown, not what it computes.
+# Config keys that say where and how a run is stored or shown, not what it computes (format.label: the name a run
+# records for its format option, e.g. bf16_ref; runs recorded before it existed have none).
 # A tuned-lr table is not identity either: the lrs a run takes from it are in optimizer.lr and baseline.lr.
-NOT_IDENTITY = ("paths", "resume_sweep", "resume_with_new_config", "ckpt_path", "run_name", "data.cache_dir",
-                "trainer.progress_refresh", "tuned_lr", "logger.*.save_dir", "logger.*.dir")
+NOT_IDENTITY = ("paths", "resume_sweep", "resume_with_new_config", "ckpt_path", "run_name", "format.label",
+                "data.cache_dir", "trainer.progress_refresh", "tuned_lr", "logger.*.save_dir", "logger.*.dir",
+                "quant.kernel")  # quant.kernel: how quantizer calls run, the same bits on every road
 
 
 def _identity(config: dict[str, Any]) -> dict[str, Any]:

@@ -31,7 +31,9 @@ def group_options() -> list[tuple[str, str]]:
     """(group, option) for every selectable group in conf/ (and hydra/launcher), as Hydra itself lists them."""
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         loader = GlobalHydra.instance().config_loader()
-        groups = [g for g in loader.list_groups("") if not g.startswith("_") and g != "hydra"] + ["hydra/launcher"]
+        # conf/study holds study plans (altgrad.study), not options of the train config
+        groups = [g for g in loader.list_groups("") if not g.startswith("_") and g not in ("hydra", "study")]
+        groups += ["hydra/launcher"]
         return [(g, o) for g in groups for o in loader.get_group_options(g)]
 
 
@@ -58,6 +60,18 @@ def first_sweep_point(tmp_path: Path, experiment: str) -> list[str]:
     params = cfg.hydra.sweeper.get("params")
     params = OmegaConf.to_container(params, resolve=False) if params is not None else {}
     return [f"{key}={str(value).split(',')[0].strip()}" for key, value in params.items()]
+
+
+def data_folder(tmp_path: Path, cfg: DictConfig) -> list[str]:
+    """For a folder data source (data=folder, data=eurlex_en and the experiments on them): a tiny folder holding its
+    train and validation files, as data.dir (no checksum file: data.checksums=null)."""
+    if cfg.data.get("source") != "folder":
+        return []
+    folder = tmp_path / "folder"
+    folder.mkdir(exist_ok=True)
+    for name in (cfg.data.train_file, cfg.data.val_file):
+        (folder / name).write_text("Article 1\nThis Regulation applies.\n\n" * 200)
+    return [f"data.dir={folder}", "data.checksums=null"]
 
 
 def instantiate_run(run: RunConfig) -> None:
@@ -90,6 +104,7 @@ def test_option_composes_validates_and_instantiates(tmp_path: Path, group: str, 
         text.write_text("Article 1\nThis Regulation applies.\n" * 50)
         monkeypatch.setenv("ALTGRAD_EVIDENCE_TEXT", str(text))
         extra = first_sweep_point(tmp_path, option)
+        extra += data_folder(tmp_path, compose_cfg(tmp_path, f"{group}={option}", *extra))
         first = compose_cfg(tmp_path, f"{group}={option}", *extra)
         if "${tuned_lr." in str(OmegaConf.to_container(first, resolve=False)):
             # a sweep that reads its lrs from a table that tuning writes: until the table exists it stops in one line
@@ -98,6 +113,8 @@ def test_option_composes_validates_and_instantiates(tmp_path: Path, group: str, 
             except ConfigError as err:
                 assert "tuned_lr" in str(err) and "\n" not in str(err)
                 return
+    if group == "data":
+        extra = data_folder(tmp_path, compose_cfg(tmp_path, f"{group}={option}"))
     if (group, option) == ("data", "local"):
         (tmp_path / "corpus.txt").write_text("Article 1\nThis Regulation applies.\n" * 50)
         extra = [f"data.path={tmp_path / 'corpus.txt'}"]
@@ -188,11 +205,39 @@ def test_bad_values_fail_in_one_line(tmp_path: Path, override: str, expected: st
     assert expected in str(err.value) and "\n" not in str(err.value)
 
 
-def test_format_names_come_from_the_quantization_core() -> None:
+def test_format_names_are_the_presets_plus_fp32_and_every_format_option_is_one(tmp_path: Path) -> None:
+    from altgrad.quant import get_format
+
     names = valid_formats()
-    assert "fp32" in names
-    quant = pytest.importorskip("altgrad.quant")
-    assert set(quant.list_formats()) <= set(names)
+    assert "fp32" in names and "e9m9" not in names
+    for name in set(names) - {"fp32"}:
+        assert get_format(name).name == name  # every accepted name is a preset the quantization core builds
+    options = {OmegaConf.load(p).get("name") for p in (CONF / "format").glob("*.yaml")}
+    assert options and options <= set(names)  # every format= option validates
+    for name, value in (("format.name", "e9m9"), ("format.grad", "e9m9")):
+        with pytest.raises(ConfigError, match="is not valid; valid: "):
+            validate(compose_cfg(tmp_path, f"{name}={value}"))
+
+
+@pytest.mark.parametrize(("override", "expected"), [
+    ("quant.kernel=fast", "quant.kernel='fast' is not valid; valid: auto, native, compiled, eager"),
+    ("optimizer=manifold optimizer.kernel=fused", "optimizer.kernel='fused' is not valid; valid: compiled, eager"),
+    ("trainer.compile=true", "trainer.compile=true is off on the CPU"),
+    ("trainer.compile=maybe", "trainer.compile='maybe' is not valid; valid: false, true, force"),
+])
+def test_implementation_choices_are_config_checked_in_one_line(tmp_path: Path, override: str, expected: str) -> None:
+    cfg = compose_cfg(tmp_path, *override.split())
+    with pytest.raises(ConfigError) as err:
+        validate(cfg)
+    assert expected in str(err.value) and "\n" not in str(err.value)
+
+
+def test_implementation_choices_default_to_what_make_train_runs(tmp_path: Path) -> None:
+    assert validate(compose_cfg(tmp_path)).quant.kernel == "auto"
+    for option in ("manifold", "relative", "grid", "manifold_grad", "grid_real"):
+        assert validate(compose_cfg(tmp_path, f"optimizer={option}", "quant.master=none")).optimizer.kernel == \
+            "compiled"
+    assert validate(compose_cfg(tmp_path, "trainer.compile=force")).trainer.compile == "force"
 
 
 def test_defaults_validate(tmp_path: Path) -> None:
@@ -263,3 +308,25 @@ def test_param_groups_list_tied_weights_once() -> None:
     groups, _ = weight_decay_groups(model, 0.1)
     flat = [p for g in groups for p in g["params"]]
     assert len(flat) == len({id(p) for p in flat}) == len(list(model.parameters()))
+
+
+def test_records_from_before_the_kernel_keys_resume_and_skip_as_before(tmp_path: Path) -> None:
+    """Runs recorded before quant.kernel / optimizer.kernel existed are the same configuration as today's defaults
+    (resume_sweep skips them, a checkpoint resumes); quant.kernel never counts (every road gives the same bits),
+    optimizer.kernel does (the eager step differs from the compiled one in float32 rounding)."""
+    import copy
+
+    from altgrad.resume_check import config_differences as state_differences
+    from altgrad.sweep.resume import config_differences as identity_differences
+
+    current = OmegaConf.to_container(compose_cfg(tmp_path, "optimizer=manifold"), resolve=True)
+    old = copy.deepcopy(current)
+    del old["quant"]["kernel"], old["optimizer"]["kernel"]
+    assert identity_differences(old, current) == [] and state_differences(old, current) == []
+    other_road = copy.deepcopy(current)
+    other_road["quant"]["kernel"] = "eager"
+    assert identity_differences(other_road, current) == [] and state_differences(other_road, current) == []
+    eager_step = copy.deepcopy(current)
+    eager_step["optimizer"]["kernel"] = "eager"
+    assert identity_differences(eager_step, current) == ["optimizer.kernel: 'eager' → 'compiled'"]
+    assert state_differences(eager_step, current) == ["optimizer.kernel: 'eager' → 'compiled'"]

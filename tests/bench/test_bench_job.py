@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from altgrad.bench.job import JOBS, Sample, folder, table, verdict
+from altgrad.bench.job import JOBS, RECIPES, Sample, Setting, folder, table, targets_table, verdict
 from altgrad.bench.job import Results as JobResults
+from altgrad.quant import native
 from altgrad.module import JobClock, process_start_unix
 from bench_helpers import REPO, TINY
 
@@ -50,52 +51,89 @@ def test_timing_summary_counts_from_the_process_start() -> None:
 
 
 def test_verdicts_and_folder_names() -> None:
-    assert verdict("wall<=1.15", 1.149, None) == "wall<=1.15: met"
-    assert verdict("wall<=1.15", 1.151, None) == "wall<=1.15: missed"
-    assert verdict("tps>=0.95", None, 0.9) == "tps>=0.95: missed"
-    assert verdict("tps>=0.95", None, None) == "tps>=0.95: unmeasured"
-    assert verdict(None, 1.0, 1.0) == ""
+    assert verdict(1.15, 1.149, 1.0) == "met"
+    assert verdict(1.15, 1.149, 1.151) == "missed"  # a target holds for both ratios
+    assert verdict(0.95, 0.9, at_least=True) == "missed" and verdict(0.95, 0.96, at_least=True) == "met"
+    assert verdict(0.95, None, at_least=True) == "unmeasured"
+    assert verdict(None, 1.0) == ""
     assert folder("e4m3 sweep job 2 (joblib)") == "e4m3_sweep_job_2__joblib"
+    assert folder(Setting("small", 10, None).label) == "small_recipe__default_threads"
 
 
-def test_table_ratios_are_per_round_pairs() -> None:
-    def s(wall: float, tps: float) -> Sample:
-        return Sample(wall, 1.0, tps, 0.5, 0.1, wall / 2, 0.2, 0.3)
+def test_a_setting_sets_or_unsets_the_thread_count() -> None:
+    env = {"OMP_NUM_THREADS": "3", "MKL_NUM_THREADS": "3", "PATH": "/bin"}
+    assert Setting("default", 300, None).env(env) == {"PATH": "/bin"}  # torch's default, as make train gets it
+    assert Setting("small", 300, 1).env(env) == {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PATH": "/bin"}
+    assert Setting("small", 300, 1).label == "small recipe, 1 thread"
+    assert set(RECIPES) == {"default", "small"} and "model.block_size=64" in RECIPES["small"]
 
+
+def s(wall: float, tps: float) -> Sample:
+    return Sample(wall, 1.0, tps, 0.5, 0.1, wall / 2, 0.2, 0.3)
+
+
+def test_table_ratios_are_per_round_pairs_and_targets_hold_for_both() -> None:
     results = JobResults(samples={"fp32": [s(10, 100), s(20, 100), s(30, 100)],
                                   "e4m3": [s(11, 90), s(30, 80), s(33, 90)]},
                          ratios={"fp32": [1.0, 1.0, 1.0], "e4m3": [1.1, 1.5, 1.1]})
-    text = table(results, [j for j in JOBS if j.name in ("fp32", "e4m3")], rounds_done=3)
+    text = table(results, [j for j in JOBS if j.name in ("fp32", "e4m3")])
     e4m3 = next(line for line in text.splitlines() if line.startswith("e4m3 "))
-    # median wall 30.0 (spread 11.0–33.0), ratio median of the pairs 1.100, tokens/s 90 = 0.900 of fp32's
-    assert e4m3.split()[1:8] == ["30.0", "11.0–33.0", "1.100", "1.0", "+0.0", "90", "0.900"]
-    assert e4m3.endswith("wall<=1.15: met")
+    # median wall 30.0 (spread 11.0–33.0), ratio median of the pairs 1.100, tokens/s 90: fp32's 100 / 90 = 1.111
+    assert e4m3.split()[1:7] == ["30.0", "11.0–33.0", "1.100", "1.0", "90", "1.111"]
+    assert e4m3.endswith("missed")  # the wall meets ≤ 1.10, the throughput does not
 
 
-def test_bench_runs_whole_jobs_and_prints_its_table(tmp_path: Path) -> None:
-    env = dict(os.environ, ALTGRAD_COMPILE="0")  # eager quantizers: the table, not the compiler, is under test
+def test_targets_table_has_a_column_per_setting() -> None:
+    jobs = [j for j in JOBS if j.name in ("fp32", "plain PyTorch loop", "e4m3")]
+    fast = JobResults(samples={"fp32": [s(10, 100)], "plain PyTorch loop": [s(9, 102)], "e4m3": [s(10.5, 96)]},
+                      ratios={"fp32": [1.0], "plain PyTorch loop": [0.9], "e4m3": [1.05]})
+    slow = JobResults(samples={"fp32": [s(10, 100)], "plain PyTorch loop": [s(9, 120)], "e4m3": [s(12, 80)]},
+                      ratios={"fp32": [1.0], "plain PyTorch loop": [0.9], "e4m3": [1.2]})
+    text = targets_table({Setting("default", 300, None): fast, Setting("small", 1000, 1): slow}, jobs, markdown=True)
+    lines = text.splitlines()
+    assert lines[0] == "| target (issue 31) | default recipe, default threads | small recipe, 1 thread |"
+    assert lines[2].endswith("| 0.980 ×: met | 0.833 ×: missed |")
+    assert lines[3].endswith("| wall 1.050, tok/s 1.042: met | wall 1.200, tok/s 1.250: missed |")
+
+
+def test_bench_runs_whole_jobs_in_every_setting_and_writes_the_page(tmp_path: Path,
+                                                                     offline_env: dict[str, str]) -> None:
     md, keep = tmp_path / "job.md", tmp_path / "runs"
-    proc = bench("--rounds", "1", "--steps", "4", "--only", "plain PyTorch loop,e4m3 sweep job 2 (basic)",
-                 "--markdown", str(md), "--keep", str(keep), *TINY_SET, env=env)
+    proc = bench("--rounds", "1", "--steps", "4", "--small-steps", "4", "--recipes", "small",
+                 "--only", "plain PyTorch loop", "--markdown", str(md), "--keep", str(keep), "--no-calls",
+                 "--note", "a tiny run", *TINY_SET,
+                 env=offline_env)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    overview = proc.stdout.split("Whole jobs")[-1].split("Phases")[0]
-    rows = {line.split("  ")[0]: line for line in overview.splitlines()}
-    for name in ("fp32", "plain PyTorch loop", "e4m3 sweep job 2 (basic)"):
-        assert name in rows, proc.stdout
-    assert " 1.000 " in rows["fp32"]
-    assert "× plain loop tok/s" in rows["fp32"]
+    for label in ("small recipe, default threads", "small recipe, 1 thread"):
+        overview = proc.stdout.split(label + ", medians")[-1].split("Phases")[0]
+        rows = {line.split("  ")[0]: line for line in overview.splitlines()}
+        assert "fp32" in rows and "plain PyTorch loop" in rows, proc.stdout
+        assert " 1.000 " in rows["fp32"] and "× plain loop tok/s" in rows["fp32"]
     text = md.read_text()
-    assert "| e4m3 sweep job 2 (basic) |" in text and "| configuration | start-up s |" in text
+    assert text.startswith("# job: whole training jobs") and "python -m altgrad.bench job --rounds 1" in text
+    assert "in 2 setting(s): small recipe, default threads (4 steps); small recipe, 1 thread (4 steps)." in text
+    assert "**a tiny run**" in text
+    assert "## small recipe, 1 thread (4 steps)" in text and "| target (issue 31) |" in text
+    assert "| plain PyTorch loop |" in text and "| configuration | start-up s |" in text
     # the run recorded its own phases, in order, counted from its process start
-    timing = json.loads((keep / "round0" / "fp32" / "summary.json").read_text())["timing"]
+    run = keep / "round0" / "small_recipe__1_thread"
+    timing = json.loads((run / "fp32" / "summary.json").read_text())["timing"]
     assert timing["process_start_unix"] <= timing["first_step_unix"] <= timing["fit_end_unix"]
     assert 0 < timing["startup_seconds"] < timing["warmup_seconds"] < timing["fit_end_seconds"]
     assert timing["steps_seconds"] > 0 and timing["validation_seconds"] > 0
     assert timing["steady_tokens_per_second"] > 0
-    ref = json.loads((keep / "round0" / "plain_PyTorch_loop" / "summary.json").read_text())
+    ref = json.loads((run / "plain_PyTorch_loop" / "summary.json").read_text())
     assert ref["steps"] == 4 and ref["final_val_loss"] < ref["initial_val_loss"]
-    sweep = keep / "round0" / "e4m3_sweep_job_2__basic"
-    assert json.loads((sweep / "1" / "summary.json").read_text())["seed"] == 1338
+
+
+def test_calls_micro_bench_splits_a_call_into_its_layers() -> None:
+    from altgrad.bench.calls import call_rows
+
+    got = dict(call_rows(1024, calls=3, repeats=1))
+    layers = ["forward", "forward, autograd", "forward, autograd + statistics", "forward, autograd, eager road"]
+    if native.kernel() is not None:
+        layers = ["ctypes (8 elements)", "kernel", "native.quant_call", "quantize_now", *layers]
+    assert list(got) == layers and all(v > 0 for v in got.values())
 
 
 def test_bench_refuses_an_unknown_configuration() -> None:
@@ -107,12 +145,11 @@ def test_bench_refuses_an_unknown_configuration() -> None:
 
 
 def test_cpu_preset_refuses_compile_with_one_line(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if k != "ALTGRAD_CPU_COMPILE"}
     proc = subprocess.run([sys.executable, "-m", "altgrad.train", "trainer.compile=true",
                            f"hydra.run.dir={tmp_path / 'run'}"], cwd=REPO, capture_output=True, text=True,
-                          timeout=120, env=env)
+                          timeout=120)
     assert proc.returncode != 0
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: trainer.compile=true is off on the CPU"), proc.stderr
-    assert "valid: trainer.compile=false, or trainer=gpu" in lines[0]
+    assert "valid: trainer.compile=false, or trainer=gpu; trainer.compile=force compiles" in lines[0]
     assert not (tmp_path / "run").exists()  # refused before anything was written

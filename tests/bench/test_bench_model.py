@@ -93,4 +93,4 @@ def test_generate_appends_tokens() -> None:
 
 def test_embd_must_split_into_heads() -> None:
     with pytest.raises(ValueError, match="n_head"):
-        GPTConfig(n_embd=30, n_head=4)
+        GPTConfig(block_size=8, vocab_size=16, n_layer=1, n_embd=30, n_head=4)

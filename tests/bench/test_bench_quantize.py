@@ -6,6 +6,7 @@ import re
 
 import pytest
 
+import altgrad.quant.compiled as compiled
 from altgrad.bench import quantize as bench
 from altgrad.quant import native
 
@@ -18,7 +19,7 @@ def rows_of(out: str) -> dict[tuple[str, str], float]:
 
 
 def test_every_mode_row_the_references_and_a_fault_column(capsys, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("ALTGRAD_COMPILE", "0")  # eager kernels: the table, not the speed, is under test
+    monkeypatch.setattr(compiled, "_COMPILE", [False])  # eager kernels: the table, not the speed, is under test
     bench.main(["--log2n", "10", "--repeats", "5", "--warmup", "1", "--formats", "e4m3,e7m0", "--allocator",
                 "default"])
     out = capsys.readouterr().out

@@ -27,10 +27,9 @@ def test_default_run_learns_well_below_the_uniform_loss(tmp_path: Path) -> None:
     assert summary["final_val_loss"] < 0.5 * math.log(257)
 
 
-def test_compiled_backbone_trains(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("ALTGRAD_CPU_COMPILE", "1")  # the CPU preset refuses trainer.compile=true otherwise
-    run_dir = tmp_path / "run"
-    proc = run_cli(*TINY, "trainer.max_steps=6", "trainer.compile=true", "logger=csv", f"hydra.run.dir={run_dir}")
+def test_compiled_backbone_trains(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"  # force: the CPU preset refuses trainer.compile=true
+    proc = run_cli(*TINY, "trainer.max_steps=6", "trainer.compile=force", "logger=csv", f"hydra.run.dir={run_dir}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["final_val_loss"] < summary["initial_val_loss"]

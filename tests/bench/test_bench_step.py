@@ -6,6 +6,7 @@ import re
 
 import torch
 
+import altgrad.quant.compiled as compiled
 from altgrad.bench import step
 from altgrad.callbacks.probe import quantizers
 
@@ -14,7 +15,7 @@ AMORTISED = "quantized, stats on 1 step in 4 (amortised*)"
 
 
 def test_step_table_has_statistics_off_on_and_the_amortised_row(capsys, monkeypatch) -> None:
-    monkeypatch.setenv("ALTGRAD_COMPILE", "0")
+    monkeypatch.setattr(compiled, "_COMPILE", [False])  # calls that leave it open run eagerly (compiling(False))
     built: list[set[bool]] = []
     real = step.make_step
 

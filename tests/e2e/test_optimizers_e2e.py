@@ -24,7 +24,7 @@ OPTIMIZERS = ("sgd", "manifold", "manifold_grad", "madam", "grid")
 
 @pytest.mark.slow  # ≈80 s of CPU: `make test-slow`; the optimizers' numerics are in tests/optim
 def test_every_optimizer_trains_e7m0_weights_stored_on_the_grid(tmp_path):
-    env = {**os.environ, "ALTGRAD_CACHE": str(tmp_path / "cache"), "WANDB_MODE": "offline", "ALTGRAD_COMPILE": "0",
+    env = {**os.environ, "ALTGRAD_CACHE": str(tmp_path / "cache"), "WANDB_MODE": "offline",
            "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     cmd = [sys.executable, "-m", "altgrad.train", "-m", *TINY, "format=e7m0", "quant.master=none",
            f"optimizer={','.join(OPTIMIZERS)}", f"hydra.sweep.dir={tmp_path / 'sweep'}"]

@@ -23,6 +23,7 @@ from quant_testlib import assert_same_bits, eager, inputs_for  # noqa: E402
 
 from altgrad.quant import (GradQuantizer, QuantSpec, ScalingSpec, TensorQuantizer, get_format,  # noqa: E402
                            list_formats, quantize_scaled)
+from altgrad.quant.compiled import compiling  # noqa: E402
 from altgrad.quant.stats import STAT_NAMES  # noqa: E402
 
 # ALTGRAD_TEST_DEVICE=cpu runs these tests' logic on the CPU (compiled CPU kernels against the eager reference).
@@ -31,8 +32,10 @@ pytestmark = pytest.mark.skipif(CUDA.type == "cuda" and not torch.cuda.is_availa
 
 
 @pytest.fixture(autouse=True)
-def _compile(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("ALTGRAD_COMPILE", "1")
+def _compile():
+    """Calls that leave the kernel open compile (the road a GPU run takes)."""
+    with compiling(True):
+        yield
 
 
 def on_cuda(x: torch.Tensor, fmt, scale, rounding: str, overflow: str, compiled: bool) -> torch.Tensor:

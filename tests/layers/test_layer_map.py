@@ -113,7 +113,10 @@ def test_every_layer_map_preset_composes_and_resolves(preset):
         "head_bf16": {n for n in resolved if n != "lm_head"},
         "first_last_bf16": {n for n in resolved if n.startswith("transformer.h.1.")},
         "single_family": {n for n in resolved if ".mlp." in n},
+        "weights_only": set(resolved),  # weights on the grid; inputs and gradients float32 (checked below)
     }[preset]
+    if preset == "weights_only":
+        assert all(r.input is None and r.grad is None for r in resolved.values())
     assert quantized == expected
 
 

@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from pathlib import Path
+
 import pytest
 import torch
+from omegaconf import OmegaConf
 from torch import nn
 
+from altgrad.quant.compiled import compiling
 from altgrad.quant import QuantSpec, ScalingSpec, TensorQuantizer, get_format, quantize
 from altgrad.quant.layers import QuantLinear
+
+_BASELINE = OmegaConf.load(Path(__file__).resolve().parents[2] / "conf" / "train.yaml").baseline
+PLAIN = {"plain_lr": _BASELINE.lr, "plain_betas": tuple(_BASELINE.betas), "plain_eps": _BASELINE.eps}
+"""What the optimizer configs pass for parameters without a grid: the AdamW baseline's lr, betas and eps."""
 
 
 def quantizer(fmt: str, scaling: str = "none") -> TensorQuantizer:
@@ -43,6 +52,7 @@ class TinyNet(nn.Module):
 
 
 @pytest.fixture(autouse=True)
-def _eager_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Run the fused kernels eagerly: identical maths, no torch.compile start-up in unit tests."""
-    monkeypatch.setenv("ALTGRAD_COMPILE", "0")
+def _eager_kernels() -> Iterator[None]:
+    """Calls that leave the choice open run eagerly (no torch.compile start-up in unit tests)."""
+    with compiling(False):
+        yield

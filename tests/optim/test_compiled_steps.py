@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from optim_helpers import TinyNet
+from optim_helpers import PLAIN, TinyNet
 
 from altgrad.optim import GridOptim, ManifoldAdamW
 from altgrad.optim.grid import _grid_adam_step, _grid_move
@@ -19,12 +19,11 @@ from altgrad.quant.layers import weight_grids
 
 def _run(monkeypatch: pytest.MonkeyPatch, compiled: bool, inner: str, error_on_recompile: bool = False,
          lr_unit: str = "ulp") -> list[torch.Tensor]:
-    monkeypatch.setenv("ALTGRAD_COMPILE", "1" if compiled else "0")
     torch.manual_seed(0)
     net = TinyNet("e4m3", scaling="tensor", dim=16)
     lr = 0.5 if lr_unit == "ulp" else 5e-3
     opt = GridOptim(net.parameters(), lr=lr, inner=inner, lr_unit=lr_unit, weight_decay=0.1, seed=3,
-                    grids=weight_grids(net))
+                    grids=weight_grids(net), kernel="compiled" if compiled else "eager", **PLAIN)
     gen = torch.Generator().manual_seed(1)
     for step in range(8):
         for group in opt.param_groups:  # a schedule: a new lr at every step
@@ -57,11 +56,11 @@ def test_compiled_grid_step_equals_eager_and_never_recompiles(monkeypatch, inner
 @pytest.mark.parametrize("on", ["update", "grad"])
 def test_compiled_manifold_step_matches_eager_and_never_recompiles(monkeypatch, on):
     def run(compiled: bool) -> list[torch.Tensor]:
-        monkeypatch.setenv("ALTGRAD_COMPILE", "1" if compiled else "0")
         torch.manual_seed(0)
         net = TinyNet("e4m3", scaling="tensor", dim=16)
         opt = ManifoldAdamW(net.parameters(), lr=0.5 if on == "update" else 1e-3, stiffness_on=on,
-                            weight_decay=0.1, grids=weight_grids(net))
+                            weight_decay=0.1, grids=weight_grids(net), kernel="compiled" if compiled else "eager",
+                            **PLAIN)
         gen = torch.Generator().manual_seed(1)
         for step in range(8):
             for group in opt.param_groups:  # a schedule: a new lr at every step

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from optim_helpers import on_grid, quantizer
+from optim_helpers import PLAIN, on_grid, quantizer
 
 from altgrad.optim import GridOptim, grid_ordinal, ordinal_value, walk
 from altgrad.optim.grid_walk import grid_move
 from altgrad.quant import get_format, list_formats, quantize
+from altgrad.quant.codes import encode
 
 WALKABLE = [f for f in list_formats() if get_format(f).bits <= 16]
 
@@ -20,7 +21,7 @@ def test_ordinals_are_the_magnitude_codes_and_walks_match_the_sorted_grid(name):
     if len(grid) > 4096:  # bf16, fp16: every binade edge and a sample of the rest
         keep = torch.randperm(len(grid), generator=torch.Generator().manual_seed(0))[:4096]
         grid = grid[keep.sort().values]
-    codes = fmt.encode(grid).to(torch.int64)
+    codes = encode(grid, fmt).to(torch.int64)
     sign_bit = 1 << (fmt.ebits + fmt.mbits)
     signed_code = torch.where(codes >= sign_bit, -(codes - sign_bit), codes)
     assert torch.equal(grid_ordinal(grid, fmt).long(), signed_code)
@@ -177,10 +178,15 @@ def test_non_finite_gradients_leave_visible_nans():
 def test_weights_without_grids_are_plain_and_no_grid_at_all_is_an_error():
     q = quantizer("e4m3", "tensor")
     w, b = torch.nn.Parameter(torch.randn(3, 3)), torch.nn.Parameter(torch.zeros(3))
-    opt = GridOptim([w, b], grids={w: q})
+    opt = GridOptim([w, b], grids={w: q}, **PLAIN)
     assert opt.plain_params() == [b]
+    # the plain AdamW group's hyper-parameters are the baseline's, passed by the configs: no default of their own
+    with pytest.raises(ValueError, match="1 parameter.* no grid .* needs plain_betas, plain_eps; valid: the AdamW "
+                                         "baseline's values"):
+        GridOptim([w, b], grids={w: q}, plain_lr=1e-3)
+    assert GridOptim([w], grids={w: q}).plain_params() == []  # every parameter on a grid: nothing plain to step
     with pytest.raises(ValueError, match="needs at least one quantized weight"):
-        GridOptim([w, b], grids={})
+        GridOptim([w, b], grids={}, **PLAIN)
     with pytest.raises(ValueError, match="needs `grids`"):
         GridOptim([w, b])
     with pytest.raises(ValueError, match="valid: sgd, adam"):

@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from optim_helpers import quantizer
+from optim_helpers import PLAIN, quantizer
 
 from altgrad.optim import Madam
 
@@ -72,7 +72,7 @@ def test_a_step_changes_log_magnitude_by_at_most_lr_times_g_bound():
 def test_with_grids_only_quantized_weights_are_multiplicative():
     q = quantizer("e4m3", "tensor")
     w, b = torch.nn.Parameter(torch.randn(4, 4)), torch.nn.Parameter(torch.zeros(4))
-    opt = Madam([w, b], grids={w: q}, plain_lr=1e-2)
+    opt = Madam([w, b], grids={w: q}, **PLAIN | {"plain_lr": 1e-2})
     w.grad, b.grad = torch.randn(4, 4), torch.ones(4)
     opt.step()
     assert opt.plain_params() == [b]

@@ -14,7 +14,7 @@ from hydra import compose, initialize_config_dir
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
-from optim_helpers import TinyNet, quantizer
+from optim_helpers import PLAIN, TinyNet, quantizer
 
 from altgrad.callbacks.fake_quant import FakeQuantCallback
 from altgrad.model import GPT, GPTConfig
@@ -66,7 +66,7 @@ def test_the_step_does_not_depend_on_the_format():
         net = TinyNet(fmt)
         from altgrad.quant.layers import weight_grids
 
-        opt = RelativeAdamW(net.parameters(), lr=0.05, weight_decay=0.1, grids=weight_grids(net))
+        opt = RelativeAdamW(net.parameters(), lr=0.05, weight_decay=0.1, grids=weight_grids(net), **PLAIN)
         gen = torch.Generator().manual_seed(1)
         for _ in range(3):
             for q in net.parameters():
@@ -93,12 +93,12 @@ def test_relative_differs_from_manifold_only_by_the_stiffness():
 
 def test_compiled_step_matches_the_eager_one(monkeypatch):
     def run(compiled: bool) -> list[torch.Tensor]:
-        monkeypatch.setenv("ALTGRAD_COMPILE", "1" if compiled else "0")
         torch.manual_seed(0)
         net = TinyNet("e4m3", dim=16)
         from altgrad.quant.layers import weight_grids
 
-        opt = RelativeAdamW(net.parameters(), lr=0.05, weight_decay=0.1, grids=weight_grids(net))
+        opt = RelativeAdamW(net.parameters(), lr=0.05, weight_decay=0.1, grids=weight_grids(net),
+                            kernel="compiled" if compiled else "eager", **PLAIN)
         gen = torch.Generator().manual_seed(1)
         for step in range(4):
             for group in opt.param_groups:
@@ -183,7 +183,7 @@ TINY = ["model.n_layer=1", "model.n_head=2", "model.n_embd=32", "model.block_siz
 
 def test_the_control_trains_through_the_entry_point_on_the_wide_reference(tmp_path):
     """optimizer=relative on format=bf16_ref: a completed run whose grid-less tensors took the baseline's lr."""
-    env = {**os.environ, "ALTGRAD_COMPILE": "0", "ALTGRAD_CACHE": str(tmp_path / "cache"), "WANDB_MODE": "offline",
+    env = {**os.environ, "ALTGRAD_CACHE": str(tmp_path / "cache"), "WANDB_MODE": "offline",
            "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HYDRA_FULL_ERROR": "0"}
     run_dir = tmp_path / "run"
     done = subprocess.run([sys.executable, "-m", "altgrad.train", *TINY, "optimizer=relative", "format=bf16_ref",
@@ -195,3 +195,4 @@ def test_the_control_trains_through_the_entry_point_on_the_wide_reference(tmp_pa
     groups = summary["optimizer_groups"]  # rule: the block's 4 matmul weights and wte (tied to the quantized head)
     assert groups["plain_lr"] == 2e-3 and groups["rule_tensors"] == 5
     assert summary["config"]["format"]["name"] == "bf16" and summary["config"]["format"]["grad"] is None
+    assert summary["format"] == "bf16_ref" and summary["run_name"].split("-")[1] == "bf16_ref"  # not format=bf16's

@@ -8,21 +8,21 @@ from collections.abc import Callable
 import lightning as L
 import pytest
 import torch
-from optim_helpers import TinyNet
+from optim_helpers import PLAIN, TinyNet
 
 from altgrad.optim import GridOptim, Madam, ManifoldAdamW, RelativeAdamW
 from altgrad.quant.layers import weight_grids
 
 FACTORIES: dict[str, Callable[..., torch.optim.Optimizer]] = {
-    "manifold[update]": lambda params, grids: ManifoldAdamW(params, lr=0.5, weight_decay=0.1, grids=grids),
+    "manifold[update]": lambda params, grids: ManifoldAdamW(params, lr=0.5, weight_decay=0.1, grids=grids, **PLAIN),
     "manifold[grad,smooth]": lambda params, grids: ManifoldAdamW(params, lr=1e-2, stiffness_on="grad",
-                                                                 stiffness_kind="smooth", grids=grids),
-    "grid[adam]": lambda params, grids: GridOptim(params, lr=0.7, weight_decay=0.1, seed=4, grids=grids),
+                                                                 stiffness_kind="smooth", grids=grids, **PLAIN),
+    "grid[adam]": lambda params, grids: GridOptim(params, lr=0.7, weight_decay=0.1, seed=4, grids=grids, **PLAIN),
     "grid[sgd,real]": lambda params, grids: GridOptim(params, lr=0.05, inner="sgd", lr_unit="real", seed=4,
-                                                      grids=grids),
-    "madam": lambda params, grids: Madam(params, lr=0.05, grids=grids),
+                                                      grids=grids, **PLAIN),
+    "madam": lambda params, grids: Madam(params, lr=0.05, grids=grids, **PLAIN),
     "relative": lambda params, grids: RelativeAdamW(params, lr=0.05, weight_decay=0.1, grids=grids,
-                                                    plain_weight_decay=0.1),
+                                                    plain_weight_decay=0.1, **PLAIN),
 }
 BATCHES = [torch.randint(0, 11, (4, 9), generator=torch.Generator().manual_seed(i)) for i in range(8)]
 

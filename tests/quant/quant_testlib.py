@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Iterator
 
 import numpy as np
@@ -52,9 +51,8 @@ def assert_same_bits(ours, ref, x=None, what: str = "") -> None:
 
 @contextlib.contextmanager
 def eager() -> Iterator[None]:
-    """The compiler off (``ALTGRAD_COMPILE=0``) inside the block: the eager kernels, the reference side of a test."""
-    os.environ["ALTGRAD_COMPILE"] = "0"
-    try:
+    """The compiler off inside the block (calls that leave the kernel open run eagerly): the reference side."""
+    from altgrad.quant.compiled import compiling
+
+    with compiling(False):
         yield
-    finally:
-        os.environ["ALTGRAD_COMPILE"] = "1"

@@ -1,6 +1,10 @@
-"""The compiled kernels (what quantize runs by default) equal the eager ones bit for bit."""
+"""The compiled kernels (the road of quant.kernel=compiled, and of auto wherever the native kernel does not serve)
+equal the eager ones bit for bit. Each test checks that the compiled side really compiled (the native kernel
+answers CPU float32 calls first under auto, so these ask for kernel="compiled")."""
 
 from __future__ import annotations
+
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -9,25 +13,49 @@ from quant_testlib import assert_same_bits, inputs_for
 
 from altgrad.quant import (GradQuantizer, QuantSpec, ScalingSpec, TensorQuantizer, get_format, quant_stats,
                            quantize_scaled)
+from altgrad.quant.compiled import compiling
+from altgrad.quant.rounding import compiled_kernel, kernel_variant
 
 
 @pytest.fixture(autouse=True)
-def _compile(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("ALTGRAD_COMPILE", "1")
+def _compile() -> Iterator[None]:
+    with compiling(True):
+        yield
 
 
-def both(x: torch.Tensor, fmt, rounding: str, overflow: str, scale=None) -> tuple[torch.Tensor, torch.Tensor]:
-    kw = dict(rounding=rounding, overflow=overflow, seed=99)
-    return (quantize_scaled(x, fmt, scale, compiled=True, **kw), quantize_scaled(x, fmt, scale, compiled=False, **kw))
+def both(x: torch.Tensor, fmt, rounding: str, overflow: str, scale=None, pow2: bool = False
+         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the compiled road's result, the eager one's); fails unless the compiled kernel really compiled and ran."""
+    kw = dict(rounding=rounding, overflow=overflow, seed=99, scale_pow2=pow2)
+    kernel = compiled_kernel(kernel_variant(fmt, rounding, overflow), None if scale is None else
+                             "pow2" if pow2 else "any")
+    calls = []
+    compiled = quantize_scaled(x, fmt, scale, kernel="compiled", **kw)
+    assert x.device.type in kernel._compiled and not kernel._failed, f"{fmt} {rounding}: the kernel did not compile"
+    real = kernel._compiled[x.device.type]
+    kernel._compiled[x.device.type] = lambda *a: calls.append(1) or real(*a)
+    try:
+        again = quantize_scaled(x, fmt, scale, kernel="compiled", **kw)
+    finally:
+        kernel._compiled[x.device.type] = real
+    assert calls == [1], "the compiled kernel was not the one that ran"
+    assert_same_bits(again.float().reshape(-1), compiled.float().reshape(-1).numpy(), what="compiled, twice")
+    return compiled, quantize_scaled(x, fmt, scale, kernel="eager", **kw)
 
 
-@pytest.mark.parametrize("rounding", ["nearest", "stochastic",
-                                      pytest.param("toward_zero", marks=pytest.mark.slow)])
-def test_compiled_equals_eager(rounding: str) -> None:
-    # one compiled kernel per rounding mode serves every format (formats are data), so many formats are cheap
-    for name, overflow in (("e4m3", "overflow"), ("e7m0", "saturate"), ("p3109_p1", "overflow"),
-                           ("e0m7", "saturate"), ("bf16", "overflow"), ("p3109_p4", "overflow"),
-                           ("fp16", "saturate")):
+# One compiled kernel per Variant (rounding mode + the optional steps a format needs) serves every format with it;
+# the default suite compiles three variants per mode (about 10 s each, cold), `make test-slow` all of them.
+FEW = (("e4m3", "overflow"), ("e7m0", "saturate"), ("bf16", "overflow"))
+ALL = (*FEW, ("p3109_p1", "overflow"), ("e0m7", "saturate"), ("p3109_p4", "overflow"), ("fp16", "saturate"))
+
+
+@pytest.mark.parametrize(("rounding", "cases"), [
+    ("nearest", FEW), ("stochastic", FEW),
+    pytest.param("nearest", ALL[3:], marks=pytest.mark.slow),
+    pytest.param("stochastic", ALL[3:], marks=pytest.mark.slow),
+    pytest.param("toward_zero", ALL, marks=pytest.mark.slow)])
+def test_compiled_equals_eager(rounding: str, cases: tuple[tuple[str, str], ...]) -> None:
+    for name, overflow in cases:
         fmt = get_format(name)
         x = torch.from_numpy(inputs_for(fmt, 100_000, seed=5))
         c, e = both(x, fmt, rounding, overflow)

@@ -32,8 +32,7 @@ def test_the_private_stride_order_prim_still_exists() -> None:
 
 
 @pytest.mark.parametrize("kind", ["tensor", "delayed", "channel", "block"])
-def test_a_compiled_scale_stored_once_equals_the_eager_scale(monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
-    monkeypatch.setenv("ALTGRAD_COMPILE", "1")
+def test_a_compiled_scale_stored_once_equals_the_eager_scale(kind: str) -> None:
     fmt = get_format("e4m3")
     scaler = make_scaler(ScalingSpec(kind=kind, history=4), fmt)
     consts = scale_consts(fmt, 0, torch.device("cpu"))
@@ -60,7 +59,6 @@ def test_block_scales_compile_right_when_rows_are_not_whole_blocks(cols: int) ->
 
 
 def test_a_failing_compile_warns_once_and_runs_eagerly(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("ALTGRAD_COMPILE", "1")
 
     def boom(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
         raise RuntimeError("no compiler today")
@@ -69,6 +67,6 @@ def test_a_failing_compile_warns_once_and_runs_eagerly(monkeypatch: pytest.Monke
     f = fused(lambda t: t + 1)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        assert torch.equal(f(torch.ones(3)), torch.full((3,), 2.0))
-        assert torch.equal(f(torch.ones(3)), torch.full((3,), 2.0))
+        assert torch.equal(f(torch.ones(3), compiled=True), torch.full((3,), 2.0))
+        assert torch.equal(f(torch.ones(3), compiled=True), torch.full((3,), 2.0))
     assert len([w for w in caught if "no compiler today" in str(w.message)]) == 1

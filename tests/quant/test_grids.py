@@ -95,10 +95,12 @@ def test_runs_are_grouped_by_weight_and_gradient_grid():
         run_format("e3m4"))
 
 
-def test_the_wide_reference_is_bf16_with_unquantized_gradients():
+def test_the_wide_reference_is_bf16_with_unquantized_gradients_under_its_own_label():
     ref, bf16 = run_format("bf16_ref"), run_format("bf16")
     assert ref["name"] == "bf16" and ref["grad"] is None and bf16["grad"] == "e5m2"
-    assert {k: v for k, v in ref.items() if k != "grad"} == {k: v for k, v in bf16.items() if k != "grad"}
+    assert (ref["label"], bf16["label"]) == ("bf16_ref", "bf16")  # what runs record and reports show
+    differs = ("grad", "label")
+    assert {k: v for k, v in ref.items() if k not in differs} == {k: v for k, v in bf16.items() if k not in differs}
 
 
 def test_bad_arguments_fail_in_one_line():

@@ -191,3 +191,119 @@ def test_flip_sums_equal_the_eager_segment_sums() -> None:
                                       torch.cat([sizes.new_zeros(1), sizes.cumsum(0)]))
     assert_same_bits(sums.reshape(-1), ref_sums.reshape(-1).numpy(), what="flip sums")
     assert torch.equal(new_last, ref_last)
+
+
+# --- the enum table both sides are built from, and the quant.kernel choice -------------------------------------
+def test_the_enum_table_is_the_one_both_sides_use() -> None:
+    """kernel_abi is the only statement of the enums: the torch kernels take them from it, and the C++ source
+    declares none of its own (native.py generates kernel_abi.h from the table)."""
+    from altgrad.quant import kernel_abi, rounding, stats
+    from altgrad.quant.fake_quant import NATIVE_KINDS
+
+    assert rounding.ROUNDINGS is kernel_abi.ROUNDINGS and stats.STAT_NAMES is kernel_abi.STAT_NAMES
+    assert {n: getattr(rounding, f"_P_{n.upper()}") for n in kernel_abi.PARAMS} == {
+        n: i for i, n in enumerate(kernel_abi.PARAMS)}
+    assert len(rounding._params(get_format("e4m3"), "nearest", "saturate")) == len(kernel_abi.PARAMS)
+    assert set(rounding.Variant._fields) - {"rounding"} == set(kernel_abi.VARIANT_FLAGS)
+    assert native.ROUNDING_CODES == {"nearest": 0, "stochastic": 1, "toward_zero": 2}
+    assert native.VARIANT_FLAGS == {name: 1 << i for i, name in enumerate(kernel_abi.VARIANT_FLAGS)}
+    assert set(NATIVE_KINDS) < set(native.KINDS) == set(kernel_abi.SCALE_KINDS)
+    source = native.SOURCE.read_text()
+    assert '#include "kernel_abi.h"' in source and "enum {" not in source
+    header = kernel_abi.header()
+    for used in ("P_SHIFT", "P_CSHIFT", "NEAREST", "STOCHASTIC", "TOWARD_ZERO", "BIT_ROUND", "TIE_FLIP",
+                 "ZERO_SIGN", "SATURATES", "WIDE_QUANTUM", "KIND_NONE", "KIND_GIVEN", "S_FRAC_SATURATED", "S_AMAX",
+                 "S_SCALE"):
+        assert used in source and f"{used} = " in header, used
+    assert "BIT_ROUND = 1, TIE_FLIP = 2, ZERO_SIGN = 4, SATURATES = 8, WIDE_QUANTUM = 16" in header
+
+
+@needs_native
+def test_the_built_kernel_reports_the_table_and_a_stale_one_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    from altgrad.quant import kernel_abi
+
+    k = native.kernel()
+    assert k.abi == kernel_abi.describe()
+    monkeypatch.setattr(kernel_abi, "STAT_NAMES", kernel_abi.STAT_NAMES[::-1])
+    with pytest.raises(RuntimeError, match="another enum table"):
+        native.NativeKernel(k.path)
+
+
+@needs_native
+@pytest.mark.parametrize(("kind", "rounding"), [("tensor", "nearest"), ("delayed", "stochastic"),
+                                                ("none", "toward_zero")])
+def test_every_kernel_choice_gives_the_same_bits_state_and_stats(kind: str, rounding: str) -> None:
+    """quant.kernel=native / eager / auto: one quantizer's outputs, statistics and scaler state over several calls."""
+    fmt = get_format("e4m3")
+    spec = QuantSpec(fmt, rounding=rounding, scaling=ScalingSpec(kind=kind, history=3))
+    quantizers = {k: TensorQuantizer(spec, kernel=k) for k in ("native", "eager", "auto")}
+    assert {k: q.road for k, q in quantizers.items()} == {"native": "native", "eager": "eager", "auto": "native"}
+    for step in range(3):
+        x = torch.from_numpy(random_inputs(3000, -12, 10, step)).reshape(30, 100)
+        torch.manual_seed(step)
+        ref = quantizers["eager"](x).detach()
+        for k in ("native", "auto"):
+            torch.manual_seed(step)  # the same stochastic seed draw
+            assert_same_bits(quantizers[k](x).detach().reshape(-1), ref.reshape(-1).numpy(), what=f"{k} step {step}")
+            for a, b in zip(quantizers[k].buffers(), quantizers["eager"].buffers()):
+                assert_same_bits(a.reshape(-1), b.reshape(-1).numpy(), what=f"{k} buffers step {step}")
+
+
+def test_a_kernel_choice_that_cannot_serve_fails_in_one_line() -> None:
+    fmt = get_format("e4m3")
+    block = QuantSpec(fmt, scaling=ScalingSpec(kind="block"))
+    with pytest.raises(ValueError, match="quant.kernel=native does not serve scaling.kind='block'"):
+        TensorQuantizer(block, kernel="native")
+    with pytest.raises(ValueError, match="quant.kernel='fast' is not valid; valid: auto, native, compiled, eager"):
+        TensorQuantizer(QuantSpec(fmt), kernel="fast")
+    assert TensorQuantizer(block, kernel="auto").road == "compiled"
+    if native.kernel() is not None:
+        q = TensorQuantizer(QuantSpec(fmt), kernel="native")
+        with pytest.raises(ValueError, match="takes float32 CPU tensors only, not a torch.bfloat16 tensor"):
+            q(torch.ones(4, dtype=torch.bfloat16))
+        with pytest.raises(ValueError, match="runs on the CPU only"):
+            q.use_kernel("native", "cuda")
+        assert q.use_kernel("auto", "cuda") == "compiled"
+
+
+@needs_native
+def test_a_quantizer_resolves_its_call_once_and_again_when_its_buffers_change() -> None:
+    """The native call plan points into the quantizer's own buffers: a deep copy, a switch of track_stats or a new
+    spec gets a plan of its own, and the results stay the eager road's."""
+    import copy
+
+    fmt = get_format("e4m3")
+    spec = QuantSpec(fmt, scaling=ScalingSpec(kind="delayed", history=3))
+    q, ref = TensorQuantizer(spec), TensorQuantizer(spec, kernel="eager")
+    x = torch.from_numpy(random_inputs(4000, -12, 10, 3))
+    q(x), ref(x)
+    plan = q.native_plan()
+    assert plan is not None and q.native_plan() is plan
+    c = copy.deepcopy(q)
+    before = [b.clone() for b in q.buffers()]
+    c(x * 64)
+    assert c.native_plan() is not plan
+    assert all(torch.equal(a, b) for a, b in zip(q.buffers(), before))  # the copy wrote its own buffers
+    assert not torch.equal(c.scaler.amax_history, q.scaler.amax_history)
+    q.track_stats = ref.track_stats = False
+    assert q.native_plan() is not plan
+    for t in (x * 3, x / 5):
+        assert_same_bits(q(t).detach(), ref(t).detach().numpy(), what="after a switch")
+    assert all(torch.equal(a, b) for a, b in zip(q.buffers(), ref.buffers()))
+
+
+@needs_native
+@pytest.mark.parametrize(("kind", "pow2", "rounding"), [("tensor", True, "nearest"), ("tensor", False, "stochastic"),
+                                                        ("delayed", True, "stochastic"), ("none", True, "nearest")])
+def test_storage_rounding_in_one_native_call_equals_the_eager_road(kind: str, pow2: bool, rounding: str) -> None:
+    """project_ (quant.master=none) on the native road: the forward's scale, not updated, and the rounding at once."""
+    fmt = get_format("e5m2")
+    spec = QuantSpec(fmt, scaling=ScalingSpec(kind=kind, pow2=pow2, history=3, margin=1))
+    native_q, eager_q = TensorQuantizer(spec), TensorQuantizer(spec, kernel="eager")
+    for step in range(3):
+        x = torch.from_numpy(random_inputs(2000, -14, 14, 20 + step)).reshape(20, 100)
+        native_q(x), eager_q(x)  # a forward: the scaler state the projection reads
+        w = torch.from_numpy(random_inputs(2000, -10, 10, 40 + step)).reshape(40, 50)
+        a, b = native_q.project_(w.clone(), rounding, seed=step), eager_q.project_(w.clone(), rounding, seed=step)
+        assert_same_bits(a.reshape(-1), b.reshape(-1).numpy(), what=f"{kind} pow2={pow2} {rounding} step {step}")
+        assert all(torch.equal(p, q) for p, q in zip(native_q.buffers(), eager_q.buffers()))

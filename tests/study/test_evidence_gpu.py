@@ -29,7 +29,7 @@ def env(tmp_path: Path) -> dict[str, str]:
 
     text = tmp_path / "corpus.txt"
     text.write_text("\n\n".join(itertools.islice(iter_documents(0, 60_000), 1000)))
-    return {**os.environ, "ALTGRAD_COMPILE": "0", "ALTGRAD_CACHE": str(tmp_path / "cache"), "WANDB_MODE": "offline",
+    return {**os.environ, "ALTGRAD_CACHE": str(tmp_path / "cache"), "WANDB_MODE": "offline",
             "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HYDRA_FULL_ERROR": "0", "OMP_NUM_THREADS": "1",
             "ALTGRAD_EVIDENCE_TEXT": str(text)}
 

@@ -36,7 +36,7 @@ def make_folder(root: Path) -> Path:
 def ran(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess, Path]:
     base = tmp_path_factory.mktemp("ongrid")
     data = make_folder(base / "data")
-    env = {**os.environ, "ALTGRAD_COMPILE": "0", "ALTGRAD_CACHE": str(base / "cache"), "WANDB_MODE": "offline",
+    env = {**os.environ, "ALTGRAD_CACHE": str(base / "cache"), "WANDB_MODE": "offline",
            "WANDB_SILENT": "true", "WANDB_DIR": str(base / "wandb"), "HF_HUB_OFFLINE": "1",
            "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     done = subprocess.run([sys.executable, "-m", "altgrad.study", "ongrid_debug", "--set", f"data.dir={data}",

@@ -28,7 +28,7 @@ def study(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     root = tmp_path_factory.mktemp("study_env")
-    return {**os.environ, "ALTGRAD_COMPILE": "0", "ALTGRAD_CACHE": str(root / "cache"), "WANDB_MODE": "offline",
+    return {**os.environ, "ALTGRAD_CACHE": str(root / "cache"), "WANDB_MODE": "offline",
             "WANDB_SILENT": "true", "WANDB_DIR": str(root / "wandb"), "HF_HUB_OFFLINE": "1",
             "HF_DATASETS_OFFLINE": "1", "HYDRA_FULL_ERROR": "0", "OMP_NUM_THREADS": "1"}
 

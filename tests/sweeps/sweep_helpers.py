@@ -9,7 +9,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 CONF_DIR = REPO / "conf"
-FULL = ("format_ablation", "manifold_ab", "lr_scan", "layer_sensitivity", "failure_stage")
+FULL = ("format_ablation", "layer_sensitivity")
 EXPERIMENTS = FULL + tuple(f"{name}_debug" for name in FULL)
 
 

@@ -1,5 +1,5 @@
-"""lr_pick: pooled picks into the bundles, per-(format, arm) picks into a tuned-lr table, and the refusals (edge of
-the grid, evaluation seeds, plain lr not the baseline's), on synthetic sweeps and on a tiny real one."""
+"""lr_pick: per-(format, arm) picks merged into a tuned-lr table, the refusals (edge of the grid, evaluation seeds,
+plain lr not the baseline's) and the extension scans, on synthetic sweeps and on a tiny real one; the table's I/O."""
 
 from __future__ import annotations
 
@@ -13,19 +13,11 @@ import pytest
 import yaml
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
-from omegaconf import OmegaConf
 
 from altgrad.config import validate
 from altgrad.report.load import load_sweeps
-from altgrad.sweep.lr_pick import (
-    bundle_labels,
-    extension_lrs,
-    main,
-    pick_learning_rates,
-    pick_per_format,
-    read_table,
-    write_lr,
-)
+from altgrad.sweep.lr_pick import extension_lrs, main, pick_per_format
+from altgrad.sweep.lr_table import read_table, render_table
 from sweep_helpers import CONF_DIR, REPO, job_dirs, run_train, summary
 
 Run = tuple  # (optimizer_label, format, lr, seed, status, final_val_loss[, master, storage_rounding, plain_lr])
@@ -37,44 +29,44 @@ def fake_scan(root: Path, runs: list[Run], overrides: bool = False, numbered: bo
     for i, (label, fmt, lr, seed, status, loss, *rest) in enumerate(runs):
         master, rounding, plain = (rest + [None, None, None])[:3] if rest else ("fp32", "nearest", None)
         name = label.split("[")[0]
-        job = root / (f"{i}" if numbered else f"arm={name}-fp32_master,format={fmt},optimizer.lr={lr},seed={seed}")
+        job = root / (f"{i}" if numbered else f"format={fmt},optimizer.lr={lr},optimizer={name},seed={seed}")
         job.mkdir(parents=True)
         job.joinpath("summary.json").write_text(json.dumps({
             "status": status, "optimizer": name, "optimizer_label": label, "format": fmt, "lr": lr,
-            "seed": seed, "final_val_loss": loss, "best_val_loss": loss, "experiment": "lr_scan",
+            "seed": seed, "final_val_loss": loss, "best_val_loss": loss, "experiment": "study_cpu_tune_arms",
             "master": master or "fp32", "storage_rounding": rounding or "nearest",
             "optimizer_groups": {"plain_lr": plain}}))
         if overrides:
             job.joinpath(".hydra").mkdir()
             job.joinpath(".hydra", "overrides.yaml").write_text(yaml.safe_dump(
-                ["experiment=lr_scan", f"+experiment/arm={name}-fp32_master", f"format={fmt}",
-                 f"optimizer.lr={lr}", f"seed={seed}"]))
+                ["experiment=study_cpu_tune_arms", f"format={fmt}", f"optimizer={name}", f"optimizer.lr={lr}",
+                 f"seed={seed}"]))
     return root
 
 
 RUNS = [
-    # adamw: 1e-3 best on average over formats (e4m3 alone would prefer 3e-3); 1e-2 diverged in one format
-    ("adamw", "e4m3", 1e-3, 1, "completed", 2.0), ("adamw", "e5m2", 1e-3, 1, "completed", 2.2),
-    ("adamw", "e4m3", 3e-3, 1, "completed", 1.9), ("adamw", "e5m2", 3e-3, 1, "completed", 2.6),
-    ("adamw", "e4m3", 1e-2, 1, "completed", 1.5), ("adamw", "e5m2", 1e-2, 1, "diverged", None),
-    # manifold[update]: 0.3 has two seeds in e4m3 (averaged first), 1.0 misses e5m2 (not a candidate)
-    ("manifold[update]", "e4m3", 0.3, 1, "completed", 2.0), ("manifold[update]", "e4m3", 0.3, 2, "completed", 2.2),
-    ("manifold[update]", "e5m2", 0.3, 1, "completed", 2.1), ("manifold[update]", "e4m3", 0.1, 1, "completed", 2.3),
-    ("manifold[update]", "e5m2", 0.1, 1, "completed", 2.3), ("manifold[update]", "e4m3", 1.0, 1, "completed", 1.0),
-    # madam: every lr broke somewhere
-    ("madam", "e4m3", 0.01, 1, "failed", None), ("madam", "e5m2", 0.01, 1, "completed", 2.0),
+    # adamw in e4m3: 1e-2 the best of the lrs that completed on both seeds; 3e-2 diverged on one of them
+    ("adamw", "e4m3", 1e-3, 1, "completed", 2.0), ("adamw", "e4m3", 1e-3, 2, "completed", 2.2),
+    ("adamw", "e4m3", 3e-3, 1, "completed", 1.9), ("adamw", "e4m3", 3e-3, 2, "completed", 2.6),
+    ("adamw", "e4m3", 1e-2, 1, "completed", 1.5), ("adamw", "e4m3", 1e-2, 2, "completed", 1.7),
+    ("adamw", "e4m3", 3e-2, 1, "completed", 1.0), ("adamw", "e4m3", 3e-2, 2, "diverged", None),
+    # manifold[update] in e4m3: its lowest lr is the best (an edge)
+    ("manifold[update]", "e4m3", 0.1, 1, "completed", 2.0), ("manifold[update]", "e4m3", 0.3, 1, "completed", 2.1),
+    # madam in e5m2: every lr broke
+    ("madam", "e5m2", 0.01, 1, "failed", None), ("madam", "e5m2", 0.03, 1, "diverged", None),
 ]
-BRACKETED = RUNS + [("adamw", "e4m3", 3e-4, 1, "completed", 2.5), ("adamw", "e5m2", 3e-4, 1, "completed", 2.5)]
 
 
-def test_the_pick_is_the_stable_lr_with_the_lowest_format_mean(tmp_path: Path) -> None:
-    picks = pick_learning_rates(load_sweeps([fake_scan(tmp_path, RUNS)]).jobs)
-    assert picks["adamw"].lr == 1e-3 and picks["adamw"].score == pytest.approx(2.1)
-    assert picks["adamw"].unstable == (1e-2,) and picks["adamw"].candidates == (1e-3, 3e-3)
-    assert picks["adamw"].edge == "low" and "low edge" in picks["adamw"].refusal  # nothing scanned below 1e-3
-    assert picks["manifold[update]"].lr == 0.3 and picks["manifold[update]"].score == pytest.approx((2.1 + 2.1) / 2)
-    assert picks["manifold[update]"].candidates == (0.1, 0.3) and picks["manifold[update]"].edge is None
-    assert picks["madam"].lr is None and "no lr completed" in picks["madam"].describe()
+def test_the_pick_is_the_stable_lr_with_the_lowest_mean_over_seeds(tmp_path: Path) -> None:
+    picks = pick_per_format(load_sweeps([fake_scan(tmp_path, RUNS)]).jobs)
+    adamw = picks[("e4m3", "adamw")]
+    assert adamw.lr == 1e-2 and adamw.score == pytest.approx(1.6) and adamw.seeds == (1, 2)
+    assert adamw.unstable == (3e-2,) and adamw.candidates == (1e-3, 3e-3, 1e-2)
+    assert adamw.edge is None and adamw.refusal is None  # a diverged lr above brackets it: the stability limit
+    manifold = picks[("e4m3", "manifold")]
+    assert manifold.lr == 0.1 and manifold.edge == "low" and "low edge" in manifold.refusal
+    madam = picks[("e5m2", "madam")]
+    assert madam.lr is None and "no lr completed" in madam.describe() and "scan lower" in madam.refusal
 
 
 def test_an_lr_below_a_diverged_one_is_bracketed_and_the_top_stable_lr_is_an_edge(tmp_path: Path) -> None:
@@ -87,50 +79,21 @@ def test_an_lr_below_a_diverged_one_is_bracketed_and_the_top_stable_lr_is_an_edg
     assert extension_lrs(pick_per_format(load_sweeps([tmp_path / "a"]).jobs)[("e4m3", "adamw")]) == [3e-2, 0.1]
 
 
-def test_bundles_are_found_by_the_label_their_runs_report() -> None:
-    labels = bundle_labels()
-    assert {k: v.stem for k, v in labels.items()} == {
-        "adamw": "adamw", "manifold[update]": "manifold_update", "manifold[grad]": "manifold_grad",
-        "madam": "madam", "grid[adam]": "grid", "relative": "relative"}
+def test_the_committed_table_reads_back_and_renders_to_the_same_text() -> None:
+    path = CONF_DIR / "experiment" / "optim" / "tuned" / "study_cpu.yaml"
+    table = read_table(path)
+    assert table["bf16_ref"]["manifold"][0] == 30.0 and "tune_arms" in table["bf16_ref"]["manifold"][1]
+    assert render_table(table) == path.read_text()
 
 
-def test_write_replaces_only_the_lr_line(tmp_path: Path) -> None:
-    bundle = tmp_path / "manifold_update.yaml"
-    shutil.copy(CONF_DIR / "experiment" / "optim" / "manifold_update.yaml", bundle)
-    before = OmegaConf.load(bundle)
-    write_lr(bundle, 3.0, "lr_scan pick (test)")
-    after = OmegaConf.load(bundle)
-    assert after.optimizer.lr == 3.0 and isinstance(after.optimizer.lr, float)
-    after.optimizer.lr = before.optimizer.lr
-    assert after == before and "# lr_scan pick (test)" in bundle.read_text()
-    write_lr(bundle, 1e-5, "again")
-    assert OmegaConf.load(bundle).optimizer.lr == 1e-5
-
-
-def test_cli_writes_the_picks_into_the_bundles_and_adamw_into_the_baseline(tmp_path: Path,
-                                                                           capsys: pytest.CaptureFixture) -> None:
-    optim_dir = tmp_path / "conf" / "experiment" / "optim"
-    shutil.copytree(CONF_DIR, tmp_path / "conf")
-    madam_before = OmegaConf.load(optim_dir / "madam.yaml").optimizer.lr
-    adamw_bundle = (optim_dir / "adamw.yaml").read_text()
-    edge = fake_scan(tmp_path / "edge", RUNS)
-    assert main([str(edge), "--write", "--optim-dir", str(optim_dir)]) == 2  # adamw's pick is at the low edge
-    assert "error: adamw: the best lr 0.001 is at the low edge" in capsys.readouterr().err
-    assert OmegaConf.load(optim_dir / "manifold_update.yaml").optimizer.lr == 1.0  # nothing written at all
-    sweep = fake_scan(tmp_path / "sweep", BRACKETED)
-    assert main([str(sweep), "--write", "--optim-dir", str(optim_dir)]) == 0
-    out = capsys.readouterr().out
-    assert "adamw: lr=0.001" in out and "madam: no lr completed" in out
-    assert OmegaConf.load(optim_dir / "baseline" / "adamw.yaml").baseline.lr == 1e-3
-    assert (optim_dir / "adamw.yaml").read_text() == adamw_bundle  # its lr is ${baseline.lr}: left as it is
-    assert OmegaConf.load(optim_dir / "manifold_update.yaml").optimizer.lr == 0.3
-    assert OmegaConf.load(optim_dir / "madam.yaml").optimizer.lr == madam_before  # nothing stable: left as it was
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(tmp_path / "conf"), version_base="1.3"):
-        cfg = compose(config_name="train", overrides=["+experiment/optim=manifold_update"])
-    GlobalHydra.instance().clear()
-    assert (cfg.optimizer.lr, cfg.optimizer.plain_lr) == (0.3, 1e-3)  # plain groups: AdamW's new pick
-    assert main([str(tmp_path / "nowhere")]) == 2
+def test_a_malformed_table_is_one_line(tmp_path: Path) -> None:
+    bad = tmp_path / "t.yaml"
+    bad.write_text("tuned_lr:\n  e4m3:\n    adamw: -1.0\n")
+    with pytest.raises(ValueError, match="tuned_lr.e4m3.adamw=-1.0 is not a positive learning rate"):
+        read_table(bad)
+    bad.write_text("tuned_lr: [1, 2]\n")
+    with pytest.raises(ValueError, match="is not a tuned-lr table"):
+        read_table(bad)
 
 
 # -- per-format tables ----------------------------------------------------------------------------------------------
@@ -167,8 +130,8 @@ def test_the_table_holds_per_format_picks_and_adamws_pick_is_the_plain_lr(tmp_pa
     # an evaluation experiment reads it by interpolation: per format, per arm, plain groups at AdamW's pick
     (tmp_path / "conf" / "experiment" / "evaluate.yaml").write_text(
         "# @package _global_\ndefaults:\n  - /experiment/optim/tuned/study\n"
-        "baseline:\n  lr: ${tuned_lr.${format.name}.plain}\n"
-        "optimizer:\n  lr: ${tuned_lr.${format.name}.${optimizer.name}}\n")
+        "baseline:\n  lr: ${tuned_lr.${format.label}.plain}\n"
+        "optimizer:\n  lr: ${tuned_lr.${format.label}.${optimizer.name}}\n")
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(tmp_path / "conf"), version_base="1.3"):
         for arm, fmt, lr, plain in (("manifold", "e4m3", 1.0, 3e-3), ("adamw", "e5m2", 1e-2, None)):
@@ -198,7 +161,8 @@ def test_refusals_write_nothing(tmp_path: Path, capsys: pytest.CaptureFixture) -
     err = capsys.readouterr().err
     assert "stepped the grid-less parameters at lr 0.005, but adamw's pick in e4m3 is 0.003" in err
     assert table.read_text() == before
-    assert main([str(tmp_path / "a"), "--table", str(table), "--write"]) == 2  # two outputs: refused
+    with pytest.raises(SystemExit):  # --write (the pooled picks rewritten into YAML in place) is gone
+        main([str(tmp_path / "a"), "--table", str(table), "--write"])
     with pytest.raises(SystemExit):
         main([str(tmp_path / "a"), "--eval-seeds", "x"])
 
@@ -210,30 +174,30 @@ def test_an_edge_pick_writes_a_resumable_extension_scan(tmp_path: Path, capsys: 
     assert main([str(sweep), "--table", str(tmp_path / "t.yaml"), "--extend", str(script)]) == 2
     assert "1 extension scan(s) written" in capsys.readouterr().out
     command = script.read_text().splitlines()[-1]
-    assert command == ("python -m altgrad.train experiment=lr_scan +experiment/arm=manifold-fp32_master format=e4m3 "
+    assert command == ("python -m altgrad.train experiment=study_cpu_tune_arms format=e4m3 optimizer=manifold "
                        f"optimizer.lr=10,30 seed=101,102 hydra.sweep.dir={sweep} +resume_sweep=true")
 
 
 # -- a real scan, extended in place ---------------------------------------------------------------------------------
-SCAN = ["experiment=lr_scan_debug", "+experiment/arm=adamw-fp32_master", "format=e4m3", "seed=101"]
+SCAN = ["experiment=study_cpu_tune_debug", "format=e4m3", "seed=101"]  # AdamW, its lr swept as baseline.lr
 
 
 @pytest.mark.slow
 def test_a_real_scan_is_refused_at_its_edge_then_extended_into_the_same_folder(tmp_path: Path,
                                                                                offline_env: dict[str, str]) -> None:
     sweep = tmp_path / "scan"
-    done = run_train([*SCAN, "optimizer.lr=1e-4,3e-4", f"hydra.sweep.dir={sweep}"], offline_env)
+    done = run_train([*SCAN, "baseline.lr=1e-4,3e-4", f"hydra.sweep.dir={sweep}"], offline_env)
     assert done.returncode == 0, done.stderr[-2000:]
     script = tmp_path / "extend.sh"
     assert main([str(sweep), "--table", str(tmp_path / "t.yaml"), "--extend", str(script)]) == 2
-    assert "optimizer.lr=0.001,0.003 seed=101" in script.read_text()  # losses fall with lr here: the high edge
+    assert "baseline.lr=0.001,0.003 seed=101" in script.read_text()  # losses fall with lr here: the high edge
     env = {**offline_env, "PATH": f"{Path(sys.executable).parent}:{offline_env['PATH']}"}  # the script's python
     for _ in range(2):  # the second run finds every job finished and skips it
         ran = subprocess.run(["bash", str(script)], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
         assert ran.returncode == 0, ran.stderr[-2000:]
     jobs = job_dirs(sweep)
     assert len(jobs) == 4 and all(summary(j)["status"] == "completed" for j in jobs.values())
-    assert "arm=adamw-fp32_master,format=e4m3,optimizer.lr=0.003,seed=101" in jobs
+    assert "baseline.lr=0.003,format=e4m3,optimizer=adamw,seed=101" in jobs
     pick = pick_per_format(load_sweeps([sweep]).jobs)[("e4m3", "adamw")]
     assert pick.scanned == (1e-4, 3e-4, 1e-3, 3e-3)
 

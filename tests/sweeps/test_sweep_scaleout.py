@@ -33,11 +33,11 @@ def launcher(cfg: DictConfig) -> object:
 
 def test_slurm_example_gives_every_job_one_gpu(hydra_conf: None) -> None:
     cfg = compose("train", overrides=[LOCAL, "hydra/launcher=slurm_example", "trainer=gpu",
-                                      "experiment=manifold_ab"], return_hydra_config=True)
+                                      "experiment=format_ablation"], return_hydra_config=True)
     slurm = cfg.hydra.launcher
     assert slurm._target_.endswith("SlurmLauncher")
     assert (slurm.gpus_per_node, slurm.tasks_per_node, slurm.nodes) == (1, 1, 1)
-    assert slurm.submitit_folder.endswith("_manifold_ab/.submitit/%j")  # SLURM logs inside the sweep folder
+    assert slurm.submitit_folder.endswith("_format_ablation/.submitit/%j")  # SLURM logs inside the sweep folder
     assert type(launcher(cfg)).__name__ == "SlurmLauncher"
     validate(cfg, paths=False)
 
@@ -48,7 +48,7 @@ def test_slurm_example_is_not_picked_without_the_config_dir(hydra_conf: None) ->
 
 
 def test_joblib_runs_n_jobs_in_parallel(hydra_conf: None) -> None:
-    cfg = compose("train", overrides=["hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "experiment=lr_scan"],
+    cfg = compose("train", overrides=["hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "experiment=format_ablation"],
                   return_hydra_config=True)
     assert cfg.hydra.launcher.n_jobs == 2 and type(launcher(cfg)).__name__ == "JoblibLauncher"
 
