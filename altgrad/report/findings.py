@@ -440,7 +440,7 @@ def study_lines(result: StudyResult, experiment: str | None = None,
     if corr is not None:
         rho, p = corr
         lines.append(f"Benefit vs mantissa bits ({primary.name}, {len(pairs)} formats): Spearman ρ = {rho:+.2f}, "
-                     f"exact permutation p = {p:.3g} — " + direction(rho, "the mantissa width")
+                     f"exact permutation p = {p:.3g} — " + direction(rho, "a format's mantissa width")
                      + ("; an association at α." if p < ep.alpha else
                         " as a point estimate; no association established."))
     shown = [c for c in result.outside if c.test.mean is not None]
