@@ -16,7 +16,7 @@ import lightning as L
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-from altgrad.atomic import write_with
+from altgrad.atomic import write_stream
 from altgrad.interrupts import GUARD, InterruptGuard, RunInterrupted
 from altgrad.resume_check import RECORD, ResumePlan, adapt_checkpoint
 
@@ -24,13 +24,14 @@ LAST = "last.ckpt"
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """torch.save to a temporary file in the same folder, then os.replace onto the target name."""
+    """torch.save into a temporary file in the same folder (opened and closed here, so a failed write releases its
+    space), then os.replace onto the target name."""
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str | os.PathLike, storage_options: Any = None
                         ) -> None:
         target = Path(path)
         target.parent.mkdir(parents=True, exist_ok=True)
-        write_with(target, lambda tmp: torch.save(checkpoint, tmp))
+        write_stream(target, lambda f: torch.save(checkpoint, f))
 
 
 class LastCheckpoint(L.Callback):

@@ -9,6 +9,10 @@ shells and schedulers expect.
 
 Lightning installs its own SIGTERM handler (which raises mid-validation and is not told about SIGINT/SIGUSR);
 `LastCheckpoint` calls `install()` again when training starts, and Lightning restores ours when it tears down.
+
+A sweep whose jobs run in worker processes (`altgrad.sweep.stop`) sets `note_only` in the launcher's process and in
+each worker (a signal there is noted: raising would make the process pool kill every worker mid-step), and gives
+the workers an `external` request to poll: the launcher's stop marker, read at every step boundary.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
@@ -51,12 +56,22 @@ class InterruptGuard:
     def __init__(self) -> None:
         self.signum: int | None = None
         self.deferring = False
+        self.note_only = False  # outside training too, note the first signal instead of raising (sweep processes)
+        self.on_signal: Callable[[int], None] | None = None  # called with the first signal noted (note_only)
+        self.external: Callable[[], int | None] | None = None  # a stop request from elsewhere (a signal number)
         self._previous: dict[int, Any] = {}
         self._first: dict[int, Any] = {}  # the handlers found at the first install, kept after uninstall
 
     @property
     def requested(self) -> bool:
-        """Whether a signal arrived (the run must stop at the next step boundary)."""
+        """Whether a signal arrived, here or (`external`) at the launcher of this sweep: the run must stop at the next
+        step boundary."""
+        if self.signum is None and self.external is not None:
+            signum = self.external()
+            if signum is not None:
+                self.signum = signum
+                log.warning("the sweep was interrupted by %s: stopping after this step with a checkpoint",
+                            signal_name(signum))
         return self.signum is not None
 
     def install(self) -> bool:
@@ -96,10 +111,13 @@ class InterruptGuard:
         self.deferring = False
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
-        if self.deferring and self.signum is None:
+        if (self.deferring or self.note_only) and self.signum is None:
             self.signum = signum
-            log.warning("%s received: stopping after this step with a checkpoint (send it again to stop at once)",
-                        signal_name(signum))
+            if self.deferring:
+                log.warning("%s received: stopping after this step with a checkpoint (send it again to stop at once)",
+                            signal_name(signum))
+            if self.on_signal is not None:
+                self.on_signal(signum)
             return
         if self.signum is None:
             self.signum = signum

@@ -126,10 +126,25 @@ def plan_resume(path: str | os.PathLike, current: dict[str, Any], max_steps: int
                     "check", path)
     else:
         _compare(plan, current)
-    if step >= max_steps:
+    # A run interrupted after its last step (before its final validation) is finished by resuming it: no steps left.
+    if step > max_steps or (step == max_steps and not unfinished(Path(path))):
         raise CheckpointError(f"ckpt_path={str(path)!r} is at step {step}, which already reaches trainer.max_steps="
                               f"{max_steps}: nothing to train; set trainer.max_steps above {step} to continue it")
     return plan
+
+
+def unfinished(checkpoint: Path) -> bool:
+    """Whether `checkpoint` is the last.ckpt of a run dir whose run has no result yet (interrupted, failed or killed:
+    its summary.json is not completed or diverged)."""
+    import json
+
+    if checkpoint.name != "last.ckpt" or checkpoint.parent.name != "checkpoints":
+        return False
+    try:
+        summary = json.loads((checkpoint.parent.parent / "summary.json").read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return True  # killed before it wrote a summary
+    return not isinstance(summary, dict) or summary.get("status") not in ("completed", "diverged")
 
 
 def _compare(plan: ResumePlan, current: dict[str, Any]) -> None:

@@ -1,21 +1,20 @@
-"""`python -m altgrad.train [overrides]`: a thin Hydra entry point over the plain, testable `train(cfg) -> summary`.
+"""The run: `train(cfg) -> summary` (plain and testable) and `main`, the Hydra task of `python -m altgrad.train`.
 
 train() validates the config, checks the checkpoint it resumes and claims its run dir, builds data, model, callbacks,
 loggers and the Lightning Trainer, fits, and always ends by writing `summary.json` atomically in the run dir (status
 completed | diverged | interrupted | failed). Everything it writes goes under `cfg.paths.output_dir` (Hydra's run dir
 by default). Heavy libraries load inside the functions that need them, so a mistyped override is reported within a
-second, before torch or Lightning is imported. docs/faults.md: interrupts, shared folders, resumes, bad inputs.
+second, before torch or Lightning is imported. The command line around it (pre-checks, console report, resume command,
+log filters) is `altgrad.train_cli`. docs/faults.md: interrupts, shared folders, resumes, bad inputs.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 import math
 import sys
 import time
-import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +24,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from altgrad.atomic import write_text
 from altgrad.config import ConfigError, RunConfig, resolve_checkpoint, validate
+from altgrad.errors import STORAGE_ERRNOS, StorageError
 from altgrad.host_memory import keep_freed_memory
 
 if TYPE_CHECKING:
@@ -34,7 +34,6 @@ if TYPE_CHECKING:
     from altgrad.module import AltGradModule
     from altgrad.resume_check import ResumePlan
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 SUMMARY = "summary.json"
 
 
@@ -152,7 +151,11 @@ def build_module(run: RunConfig, vocab_size: int) -> AltGradModule:
 
 # --- summary -----------------------------------------------------------------------------------------------------
 def base_summary(run: RunConfig) -> dict[str, Any]:
-    """The summary fields known before training; train() fills in the results."""
+    """The summary fields known before training; train() fills in the results. `format` names the grid the run
+    trains on (`format=e4m3 format.mbits=20` runs e4m20: altgrad.quant.layer_map.custom_grid_name), else the
+    format option's label (bf16_ref)."""
+    from altgrad.quant.layer_map import custom_grid_name
+
     return {
         "status": "completed",
         "steps": 0,
@@ -162,7 +165,7 @@ def base_summary(run: RunConfig) -> dict[str, Any]:
         "tokens_per_second": None,
         "wall_seconds": None,
         "seed": run.seed,
-        "format": run.format_label,
+        "format": custom_grid_name(run.composed.format) or run.format_label,
         "optimizer": run.optimizer.name,
         "optimizer_label": run.optimizer_label,
         "layer_map": run.layer_map.name,
@@ -229,47 +232,115 @@ def _sample(module: AltGradModule, tokenizer: Any, n_tokens: int, seed: int) -> 
 
 
 # --- the run -----------------------------------------------------------------------------------------------------
+def check_device(run: RunConfig) -> None:
+    """ConfigError (one line) when the trainer asks for a device this machine does not have."""
+    import torch
+
+    accelerator = str(run.trainer.accelerator).lower()
+    if accelerator not in ("gpu", "cuda"):
+        return
+    if not torch.cuda.is_available():
+        why = ("this torch is built without CUDA" if torch.version.cuda is None
+               else "torch sees no CUDA device on this machine")
+        raise ConfigError(f"trainer.accelerator={accelerator!r} needs a CUDA GPU, and {why}; valid here: trainer=cpu")
+    devices = run.trainer.devices
+    if isinstance(devices, int) and devices > torch.cuda.device_count():
+        raise ConfigError(f"trainer.devices={devices} but this machine has {torch.cuda.device_count()} CUDA "
+                          f"device(s); valid: an integer in 1..{torch.cuda.device_count()} or 'auto'")
+
+
+def check_vocab(run: RunConfig, tokenizer_vocab: int) -> None:
+    """ConfigError (one line) when model.vocab_size leaves token ids of the tokenizer without an embedding row."""
+    size = run.model.vocab_size
+    if size is not None and size < tokenizer_vocab:
+        raise ConfigError(f"model.vocab_size={size} is smaller than the vocabulary of data.tokenizer="
+                          f"{run.data.tokenizer} ({tokenizer_vocab} token ids): ids ≥ {size} would have no embedding; "
+                          f"valid: null (the tokenizer's size) or an integer ≥ {tokenizer_vocab}")
+
+
+def prepare(run: RunConfig, cfg: DictConfig) -> Any:
+    """What a run needs before it writes anything: torch and Lightning set up, the data module built, and the checks
+    that need them (device, vocabulary, memory). Returns the data module; a problem raises ConfigError or
+    DataUnavailableError (one line) with nothing of the run written."""
+    import lightning as L
+    import torch
+
+    from altgrad.preflight import check_step_memory
+    from altgrad.train_cli import quiet_lightning
+
+    quiet_lightning()
+    check_device(run)
+    L.seed_everything(run.seed, workers=True, verbose=False)
+    torch.set_float32_matmul_precision(run.trainer.matmul_precision)
+    if run.trainer.keep_freed_memory:
+        keep_freed_memory()
+    datamodule = hydra.utils.instantiate(cfg.data, _convert_="all")
+    if hasattr(datamodule, "prepare_data"):
+        datamodule.prepare_data()  # tokens cached (or a data problem said) before the run writes anything
+    check_vocab(run, datamodule.vocab_size)
+    check_step_memory(run, datamodule.vocab_size)
+    return datamodule
+
+
 def train(cfg: DictConfig) -> dict[str, Any]:
     """Train one run as configured and return its summary (also written to `<paths.output_dir>/summary.json`).
 
-    Raises ConfigError (a bad config or checkpoint) or RunDirError (the run dir is taken) before writing anything.
-    A signal (SIGTERM, SIGINT, SIGUSR1/2) ends the run as status "interrupted" with a checkpoint at the step reached;
-    any other failure during the run is recorded as status "failed" with its error in summary.json, then re-raised.
+    Every check comes before the first write: a bad config, checkpoint or data (ConfigError, DataUnavailableError) or
+    a taken run dir (RunDirError) leaves every existing file as it was. A signal (SIGTERM, SIGINT, SIGUSR1/2) ends the
+    run as status "interrupted" with a checkpoint at the step reached; a file that cannot be written (a full disk)
+    is recorded as status "failed" and raised as StorageError (one line); any other failure is recorded as "failed"
+    with its error in summary.json, then re-raised.
     """
     from altgrad.interrupts import GUARD, RunInterrupted, signal_name
-    from altgrad.preflight import check_step_memory
+    from altgrad.provenance import code_state
     from altgrad.resume_check import plan_resume
-    from altgrad.run_dir import claim, resumes_here
+    from altgrad.run_dir import claim, record_job, resumes_here
+    from altgrad.train_cli import resume_command
 
     run = validate(cfg)
     run_dir = run.run_dir
     ckpt_path = str(resolve_checkpoint(run.ckpt_path)) if run.ckpt_path else None
     config = OmegaConf.to_container(cfg, resolve=True)
     plan = plan_resume(ckpt_path, config, run.trainer.max_steps) if ckpt_path else None
-    run_claim = claim(run_dir, ckpt_path)
+    code = code_state()
+    GUARD.reset()
+    installed = GUARD.install()
+    run_claim = None
+    try:
+        run_claim = claim(run_dir, ckpt_path)
+        if run_claim.fresh:
+            record_job(run_dir, cfg)  # a new folder says at once what it is for, even if a check below refuses it
+        datamodule = prepare(run, cfg)
+    except BaseException as err:
+        if run_claim is not None:
+            if run_claim.fresh:  # the folder is this run's own: say what stopped it (a report lists it as such)
+                _record_start_failure(run, run_dir, code, err)
+            run_claim.release()
+        if installed:
+            GUARD.uninstall()
+        if isinstance(err, OSError) and err.errno in STORAGE_ERRNOS:  # e.g. the token cache on a full disk
+            where = f" {err.filename}" if err.filename else " a file"
+            raise StorageError(f"cannot write{where} ({err.strerror}) while preparing the run; nothing of the run "
+                               "was written: free the disk (or make the folder writable) and rerun") from None
+        raise
+    # From here the folder is this run's: its record is written, whatever happens.
+    run_claim.commit()
+    if not run_claim.fresh:
+        record_job(run_dir, cfg)
     in_place = resumes_here(run_dir, ckpt_path)
     previous = _previous_summary(run_dir) if in_place else {}
     summary = base_summary(run)
+    summary["code"] = code
+    data_files = getattr(datamodule, "data_files", None)  # sha256 of each data file (None: generated or hub data)
+    summary["data_files"] = dict(data_files) if isinstance(data_files, dict) else None
     if plan is not None:
         summary.update(resumed_from=ckpt_path, resumed_at_step=plan.step, resumed_in_place=in_place)
         if plan.differences:
             summary.update(resumed_with_new_config=plan.differences, resumed_from_config=plan.stored_config)
     started = time.perf_counter()
-    GUARD.reset()
-    installed = GUARD.install()
     trainer = module = None
+    failure: BaseException | None = None
     try:
-        import lightning as L
-        import torch
-
-        _quiet_lightning()
-        L.seed_everything(run.seed, workers=True, verbose=False)
-        torch.set_float32_matmul_precision(run.trainer.matmul_precision)
-        if run.trainer.keep_freed_memory:
-            keep_freed_memory()
-        datamodule = hydra.utils.instantiate(cfg.data, _convert_="all")
-        summary["data_files"] = datamodule.data_files  # sha256 of each data file (None: generated or hub data)
-        check_step_memory(run, datamodule.vocab_size)
         module = build_module(run, datamodule.vocab_size)
         callbacks = build_callbacks(run, run_dir, resume=plan)
         loggers = build_loggers(run, run_dir)
@@ -285,14 +356,22 @@ def train(cfg: DictConfig) -> dict[str, Any]:
             module.strict_loading = False  # quantizer buffers of another format are taken fresh
         # weights_only=True: resuming proves the checkpoint holds only plain containers.
         _fit(trainer, module, datamodule, ckpt_path)
-        if module.run_summary.get("final_val_step") != trainer.global_step:
+        validated = module.run_summary.get("final_val_step") == trainer.global_step
+        if GUARD.requested and not validated:
+            # A signal during the last step: stop before what is left (the final validation), with the checkpoint
+            # of that step; the resume command runs just that.
+            raise RunInterrupted(GUARD.signum)
+        if not validated:
             trainer.validate(module, datamodule=datamodule, verbose=False)
         summary["steps"] = int(trainer.global_step)
         summary["n_params"] = module.model.num_params()
         summary.update(module.run_summary)
         _finish_status(summary)
-        if run.trainer.sample_tokens and summary["status"] == "completed":
-            summary["sample"] = _sample(module, datamodule.tokenizer, run.trainer.sample_tokens, run.seed)
+        if run.trainer.sample_tokens and summary["status"] == "completed" and not GUARD.requested:
+            try:
+                summary["sample"] = _sample(module, datamodule.tokenizer, run.trainer.sample_tokens, run.seed)
+            except RunInterrupted:
+                pass  # the run is complete: a signal only cut its sample short
     except RunInterrupted as err:
         signum = GUARD.signum if GUARD.signum is not None else err.signum
         step = int(trainer.global_step) if trainer is not None else 0
@@ -310,16 +389,61 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     except BaseException as err:
         summary["status"] = "failed"
         summary["error"] = f"{type(err).__name__}: {err}"
-        raise
-    finally:
-        _finish_wandb(failed=summary["status"] in ("failed", "interrupted"))
-        summary["wall_seconds"] = time.perf_counter() - started
+        if trainer is not None:
+            summary["steps"] = int(trainer.global_step)
+        failure = err
+    GUARD.deferring = False
+    _finish_wandb(failed=summary["status"] in ("failed", "interrupted"))
+    summary["wall_seconds"] = time.perf_counter() - started
+    try:
         write_summary(run_dir, summary)
+        unwritten = None
+    except OSError as err:
+        unwritten = err
+    finally:
         run_claim.release()
-        GUARD.deferring = False
         if installed:
             GUARD.uninstall()
+    if isinstance(failure, OSError) and failure.errno in STORAGE_ERRNOS:
+        raise StorageError(_storage_line(failure, summary["steps"], run_dir, unwritten)) from None
+    if failure is not None:
+        raise failure
+    if unwritten is not None:
+        raise StorageError(f"run dir {run_dir}: summary.json cannot be written ({unwritten.strerror}): the run "
+                           f"{summary['status']} at step {summary['steps']} but its record is lost; free the disk "
+                           "(or make the folder writable) and resume or rerun it") from None
     return _plain(summary)  # exactly what summary.json holds
+
+
+def _record_start_failure(run: RunConfig, run_dir: Path, code: dict[str, Any], err: BaseException) -> None:
+    """summary.json of a run stopped before training in a folder of its own: failed with its error, or interrupted
+    with nothing trained (so the same command starts it again)."""
+    from altgrad.interrupts import RunInterrupted, signal_name
+
+    try:
+        summary = base_summary(run)
+        summary["code"] = code
+        if isinstance(err, RunInterrupted):
+            summary.update(status="interrupted", interrupted_by=signal_name(err.signum), signal=int(err.signum),
+                           interrupted_at_step=0, checkpoint=None, checkpoint_step=None, resume_command=None)
+        else:
+            summary.update(status="failed", error=f"{type(err).__name__}: {err}")
+        write_summary(run_dir, summary)
+    except Exception:  # noqa: BLE001 (a full disk, say: the error being raised still says what stopped the run)
+        pass
+
+
+def _storage_line(err: OSError, step: int, run_dir: Path, unwritten: OSError | None) -> str:
+    """One line for a file the run could not write, and what its record says."""
+    target = f" {err.filename}" if err.filename else " a file"
+    record = ("summary.json records the failure" if unwritten is None
+              else f"summary.json could not be written either ({unwritten.strerror})")
+    if (run_dir / "checkpoints" / "last.ckpt").is_file():
+        then = ("the last checkpoint written before is intact: free the disk (or make the folder writable) and resume "
+                f"with ckpt_path={run_dir} hydra.run.dir={run_dir}")
+    else:
+        then = "no checkpoint was written yet: free the disk (or make the folder writable) and rerun"
+    return f"run dir {run_dir}: cannot write{target} at step {step} ({err.strerror}); {record}; {then}"
 
 
 def _fit(trainer: L.Trainer, module: AltGradModule, datamodule: Any, ckpt_path: str | None) -> None:
@@ -356,28 +480,6 @@ def _saved_step(trainer: Any) -> int:
     return -1
 
 
-def resume_command(cfg: DictConfig, run_dir: Path) -> str:
-    """The command line that resumes this run in its own folder (the same overrides, plus where to resume)."""
-    import shlex
-
-    overrides: list[str] = []
-    try:
-        from hydra.core.hydra_config import HydraConfig
-        from hydra.types import RunMode
-
-        if HydraConfig.initialized():
-            hc = HydraConfig.get()
-            if hc.mode == RunMode.MULTIRUN:
-                return (f"rerun the sweep's command with hydra.sweep.dir={shlex.quote(hc.sweep.dir)} "
-                        "+resume_sweep=true")
-            overrides = [o for o in hc.overrides.task
-                         if o.split("=", 1)[0].lstrip("+~") not in ("ckpt_path", "hydra.run.dir")]
-    except (ImportError, ValueError):
-        pass
-    words = ["python", "-m", "altgrad.train", *overrides, f"ckpt_path={run_dir}", f"hydra.run.dir={run_dir}"]
-    return " ".join(shlex.quote(w) for w in words)
-
-
 def _finish_wandb(failed: bool) -> None:
     """Close the W&B run, so the next job of a multirun starts its own."""
     wandb = sys.modules.get("wandb")
@@ -385,44 +487,7 @@ def _finish_wandb(failed: bool) -> None:
         wandb.finish(exit_code=1 if failed else 0)
 
 
-class _DropTips(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "Tip:" not in record.getMessage()
-
-
-def _quiet_lightning() -> None:
-    """Lightning's console lines once (not again through Hydra's root handler), without advertising tips or
-    warnings that do not apply to this bench."""
-    lightning_logger = logging.getLogger("lightning")
-    if lightning_logger.handlers:
-        lightning_logger.propagate = False
-        for handler in lightning_logger.handlers:
-            if not any(isinstance(f, _DropTips) for f in handler.filters):
-                handler.addFilter(_DropTips())
-    # Our training stream is an endless, resumable IterableDataset built in the main process on purpose.
-    warnings.filterwarnings("ignore", message=r".*does not have many workers.*")
-    warnings.filterwarnings("ignore", message=r".*resuming from a checkpoint that ended before the epoch ended.*")
-    # The run dir already holds .hydra/ when the CSV logger starts; it only ever writes metrics.csv/hparams.yaml.
-    warnings.filterwarnings("ignore", message=r".*Experiment logs directory .* exists and is not empty.*")
-    # Lightning 2.6.6's utilities/_pytree.py uses torch's LeafSpec, which torch 2.13 deprecates with a warning:
-    # remove this filter once the Lightning in use no longer triggers it.
-    warnings.filterwarnings("ignore", message=r".*treespec, LeafSpec.*")
-
-
-def _report(summary: dict[str, Any], run_dir: Path) -> None:
-    lines = [f"status: {summary['status']}  steps: {summary['steps']}  wall: {summary['wall_seconds']:.0f} s"]
-    for key in ("initial_val_loss", "final_val_loss", "best_val_loss"):
-        if summary.get(key) is not None:
-            lines.append(f"{key}: {summary[key]:.4f}")
-    if summary.get("tokens_per_second"):
-        lines.append(f"tokens/s: {summary['tokens_per_second']:.0f}")
-    if summary.get("sample"):
-        lines.append("sample:\n" + summary["sample"])
-    lines.append(f"run dir: {run_dir}")
-    print("\n".join(lines), flush=True)
-
-
-# --- command line ------------------------------------------------------------------------------------------------
+# --- the Hydra task ----------------------------------------------------------------------------------------------
 @hydra.main(version_base="1.3", config_path="../conf", config_name="train")
 def main(cfg: DictConfig) -> None:
     """Hydra task: one job of `python -m altgrad.train` (or of a `-m` multirun)."""
@@ -430,98 +495,65 @@ def main(cfg: DictConfig) -> None:
     from hydra.types import RunMode
 
     from altgrad.data.sources import DataUnavailableError
-    from altgrad.interrupts import GUARD, exit_code
+    from altgrad.interrupts import GUARD, RunInterrupted, exit_code, signal_name
     from altgrad.quant.layer_map import LayerMapError
     from altgrad.run_dir import EXIT_CODE, RunDirError
-    from altgrad.sweep.resume import interrupted_run, skip_finished
+    from altgrad.sweep import stop
+    from altgrad.sweep.resume import ResumeRefused, skip_finished, unfinished_run
+    from altgrad.train_cli import console_report, interrupt_line
 
+    hc = HydraConfig.get()
+    multirun = hc.mode == RunMode.MULTIRUN
+    # Under a parallel launcher this job runs in a worker process: it must return, never raise SystemExit (the
+    # pool would stop every other job), and it stops when the launcher's process is signalled (altgrad.sweep.stop).
+    worker = multirun and stop.parallel_launcher(hc.launcher.get("_target_"))
+    sweep_dir = Path(str(hc.sweep.dir))
+    if worker and not stop.enter_worker(sweep_dir):
+        print(f"{hc.runtime.output_dir}: not started: the sweep is stopping", file=sys.stderr, flush=True)
+        return
     try:
         if skip_finished(cfg):  # +resume_sweep=true: this job finished in an earlier run of the same sweep
             return
-        resume_dir = interrupted_run(cfg)  # +resume_sweep=true: this job was interrupted; continue it in place
-        if resume_dir is not None:
-            print(f"resume_sweep: {resume_dir} was interrupted; resuming it from its checkpoint", flush=True)
-            cfg.ckpt_path = str(resume_dir)
+        point = unfinished_run(cfg)  # +resume_sweep=true: this job stopped short with a checkpoint: continue it
+        if point is not None:
+            print(f"resume_sweep: {point.job_dir} {point.how}; resuming it from its checkpoint", flush=True)
+            cfg.ckpt_path = str(point.job_dir)
         summary = train(cfg)
-    except (ConfigError, DataUnavailableError, LayerMapError, RunDirError) as err:
+    except ResumeRefused as err:
+        # This job's folder holds another configuration's run: it stays as it was, and no further job starts.
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        if worker:
+            stop.refuse_in_worker(sweep_dir)
+            return
+        stop.note_refused()
+        raise SystemExit(EXIT_CODE) from None
+    except (ConfigError, DataUnavailableError, LayerMapError, RunDirError, StorageError) as err:
         # Known, user-fixable problems: one line, no traceback. A multirun re-raises so the other jobs go on and
         # Hydra reports the failure at the end.
         print(f"error: {err}", file=sys.stderr, flush=True)
-        if HydraConfig.get().mode == RunMode.RUN:
+        if not multirun:
             raise SystemExit(EXIT_CODE if isinstance(err, RunDirError) else 1) from None
         raise
-    _report(summary, Path(cfg.paths.output_dir))
+    except RunInterrupted as err:
+        if not worker:
+            raise  # the command line says it (altgrad.train_cli)
+        print(f"{hc.runtime.output_dir}: interrupted by {signal_name(err.signum)} before training; nothing to save",
+              file=sys.stderr, flush=True)
+        return
+    console_report(summary, Path(cfg.paths.output_dir))
     if summary["status"] == "interrupted":
         # A result, like a divergence, but the process ends as the signal asked (128 + signal): a scheduler can
         # requeue it and a sweep stops here.
-        print(_interrupt_line(summary), file=sys.stderr, flush=True)
+        print(interrupt_line(summary), file=sys.stderr, flush=True)
         forward = GUARD.handler_before(summary["signal"])
         if forward is not None:  # e.g. submitit's requeue on its timeout signal, now that the checkpoint is saved
             forward(summary["signal"], None)
+        if worker:
+            return  # the launcher's process ends the sweep, once every worker has stopped
         raise SystemExit(exit_code(summary["signal"]))
 
 
-def _interrupt_line(summary: dict[str, Any]) -> str:
-    head = f"interrupted by {summary['interrupted_by']} at step {summary['steps']}"
-    if summary.get("checkpoint"):
-        saved = ("checkpoint saved" if summary["checkpoint_step"] == summary["steps"]
-                 else f"last checkpoint at step {summary['checkpoint_step']}")
-        return f"{head}; {saved}; resume with: {summary['resume_command']}"
-    return f"{head}; nothing trained yet, so no checkpoint: rerun the same command to start again"
-
-
-def _check_run_dir(args: list[str]) -> None:
-    """A single run with an explicit hydra.run.dir: refuse a folder that is taken before Hydra writes into it."""
-    from altgrad.run_dir import EXIT_CODE, RunDirError, probe, writable
-
-    given = dict(a.split("=", 1) for a in args if "=" in a and not a.startswith(("+", "~")))
-    sweep = any(a in ("-m", "--multirun") for a in args) or "experiment" in given
-    # A sweep's job dirs are checked per job (and +resume_sweep resumes or skips what a folder holds): here only
-    # whether the folder, or the default one's root, can be written at all.
-    root = given.get("hydra.sweep.dir" if sweep else "hydra.run.dir") or ("multirun" if sweep else "outputs")
-    if "${" not in root and not writable(Path(root)):
-        key = "hydra.sweep.dir" if sweep else "hydra.run.dir"
-        print(f"error: {root} cannot be written (permission denied or not a folder); give a writable {key}",
-              file=sys.stderr, flush=True)
-        raise SystemExit(EXIT_CODE)
-    run_dir = given.get("hydra.run.dir")
-    if sweep or any(a.startswith("+resume_sweep=") for a in args) or not run_dir or "${" in run_dir:
-        return
-    try:
-        ckpt = resolve_checkpoint(given["ckpt_path"]) if given.get("ckpt_path") not in (None, "null") else None
-    except ConfigError:
-        ckpt = None  # reported by train() with the rest of the config
-    try:
-        probe(Path(run_dir), ckpt)
-    except RunDirError as err:
-        print(f"error: {err}", file=sys.stderr, flush=True)
-        raise SystemExit(EXIT_CODE) from None
-
-
-def cli(argv: list[str] | None = None) -> None:
-    """Check the overrides (one readable line on error, exit 2), then hand over to Hydra."""
-    from altgrad.interrupts import GUARD, RunInterrupted, exit_code, signal_name
-    from altgrad.preflight import check_overrides
-
-    GUARD.install()  # a signal during start-up ends with one line, not a traceback
-    args = sys.argv[1:] if argv is None else argv
-    try:
-        message = check_overrides(args, CONF_DIR)
-        if message:
-            print(f"error: {message}", file=sys.stderr, flush=True)
-            raise SystemExit(2)
-        _check_run_dir(args)
-        main()
-    except RunInterrupted as err:
-        name = signal_name(err.signum)
-        if any(a in ("-m", "--multirun") for a in args):
-            line = (f"interrupted by {name} outside a job's training: nothing to save there; resume the sweep with "
-                    "hydra.sweep.dir=<its folder> +resume_sweep=true")
-        else:
-            line = f"interrupted by {name} during start-up, before training: nothing to save; rerun to start"
-        print(line, file=sys.stderr, flush=True)
-        raise SystemExit(exit_code(err.signum)) from None
-
-
 if __name__ == "__main__":
-    cli()
+    from altgrad.train_cli import cli
+
+    cli(main)

@@ -1,7 +1,8 @@
 """TextDataModule: text source → token ids cached once on disk → random fixed-length training windows.
 
 Tokens are stored as a flat uint16/uint32 memmap under `cache_dir`, keyed by the source, the tokenizer and
-`TOKEN_CACHE_VERSION`. The last `val_fraction` of the stream is the validation split, except for a folder of split
+`TOKEN_CACHE_VERSION`, beside a record of what they hold; a cache whose size or source disagrees with its record is
+rebuilt, never read. The last `val_fraction` of the stream is the validation split, except for a folder of split
 files (`data.source=folder`), whose validation file is the validation split. Training batch i is drawn from
 a counter-based generator (Philox, key = seed, counter = i): the data position is just the number of batches
 consumed, saved in the checkpoint, so a resumed run continues the very same stream.
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
 from collections.abc import Iterator
@@ -30,6 +32,7 @@ from altgrad.data.sources import DataUnavailableError, iter_texts, local_identit
 from altgrad.data.tokenizer import TokenizerUnavailableError, get_tokenizer
 
 TOKEN_CACHE_VERSION = 1
+log = logging.getLogger(__name__)
 # Validation windows use their own fixed key, so runs with different seeds are scored on the same text.
 VAL_KEY = 0x5EED_0F_7A1
 
@@ -183,11 +186,36 @@ class TextDataModule(L.LightningDataModule):
         label = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{self.name}-{self.tokenizer_name}")
         return self.cache_dir / "tokens" / f"{label}-v{TOKEN_CACHE_VERSION}-{digest}.bin"
 
-    def prepare_data(self) -> None:
-        """Tokenize the source once into the cache (a no-op when the cache file exists)."""
+    def cache_problem(self) -> str | None:
+        """Why the cache file cannot be used as it is (None: it can): missing, its record unreadable or of another
+        source (stale), or its size not the n_tokens it records (truncated or cut to an odd size, a 0-byte entry)."""
         path = self.cache_path()
-        if path.is_file() and path.with_suffix(".json").is_file():
+        record = path.with_suffix(".json")
+        if not path.is_file() or not record.is_file():
+            return "missing"
+        try:
+            meta = json.loads(record.read_text())
+            dtype = np.dtype(meta["dtype"])
+            n_tokens = int(meta["n_tokens"])
+        except (OSError, UnicodeDecodeError, ValueError, TypeError, KeyError) as err:
+            return f"its record {record.name} is unreadable ({type(err).__name__})"
+        if meta.get("identity") != self._identity:
+            return "its record names another source (stale)"
+        size = path.stat().st_size
+        if n_tokens <= 0 or size != n_tokens * dtype.itemsize:
+            return (f"it holds {size} bytes where its record says {n_tokens} {dtype.name} tokens "
+                    f"({n_tokens * dtype.itemsize} bytes)")
+        return None
+
+    def prepare_data(self) -> None:
+        """Tokenize the source once into the cache (a no-op when the cache file is there and matches its record;
+        a damaged or stale one is rebuilt, with a warning)."""
+        path = self.cache_path()
+        problem = self.cache_problem()
+        if problem is None:
             return
+        if problem != "missing":
+            log.warning("token cache %s is unusable: %s; rebuilding it", path, problem)
         enc = self.tokenizer
         dtype = token_dtype(enc.n_vocab)
         meta: dict[str, Any] = {"identity": self._identity, "source": self.source}
@@ -200,6 +228,9 @@ class TextDataModule(L.LightningDataModule):
             meta["n_val"] = int(val.size)
         else:
             tokens, n_docs = self._tokenize(iter_texts(self.source, **self.source_args), enc, dtype)
+        if tokens.size == 0 or n_docs == 0:  # e.g. a file of blank lines: no document, and no cache entry
+            raise DataUnavailableError(f"data={self.name}: the source holds no text (every line is blank); valid: "
+                                       "files with some text")
         meta.update({"n_tokens": int(tokens.size), "n_docs": n_docs, "dtype": dtype.name, "vocab_size": enc.n_vocab})
         # Atomic writes (tokens first, then the metadata that makes them valid): parallel jobs never read a
         # half-written cache, and a failure leaves nothing half-written behind.

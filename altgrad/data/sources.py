@@ -9,6 +9,7 @@ from __future__ import annotations
 import codecs
 import glob
 import os
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -34,10 +35,17 @@ def resolve_local_files(path: str | None) -> tuple[str, list[str]]:
                           f"{'/'.join(sorted(BUILDERS))} files>")
     expanded = os.path.expanduser(str(path))
     if os.path.isdir(expanded):
-        matches = [str(p) for p in sorted(Path(expanded).rglob("*")) if p.is_file()]
+        matches = [str(p) for p in sorted(Path(expanded).rglob("*")) if not p.is_dir()]
     else:
         matches = sorted(glob.glob(expanded, recursive=True))
-    files = [m for m in matches if Path(m).suffix.lower() in BUILDERS]
+    files = []
+    for m in (m for m in matches if Path(m).suffix.lower() in BUILDERS):
+        try:
+            if stat.S_ISREG(os.stat(m).st_mode):
+                files.append(m)
+        except OSError as err:  # a symbolic link loop, a dangling link, no permission: never skipped silently
+            raise ConfigError(f"data.path={str(path)!r}: {m} cannot be read ({err.strerror}); valid: readable "
+                              "files (a symbolic link must lead to one)") from None
     if not files:
         raise ConfigError(f"data.path={str(path)!r} matches no {'/'.join(sorted(BUILDERS))} file "
                           f"({'no such file or folder' if not matches else 'unsupported file types'})")

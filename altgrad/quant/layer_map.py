@@ -80,8 +80,34 @@ def resolve_format(name_or_fields: str | Mapping[str, Any], overrides: Mapping[s
         kw = {k: getattr(fmt, k) for k in FORMAT_FIELDS}
         kw.update({k: (str(v) if k == "policy" else int(v)) for k, v in given.items()})
         custom = FloatFormat(**kw)
-        fmt = FloatFormat(**kw, name=fmt.name if custom == fmt else None)
+        fmt = FloatFormat(**kw, name=fmt.name if custom == fmt else custom_format_name(fmt, custom))
     return fmt
+
+
+def custom_format_name(preset: FloatFormat, custom: FloatFormat) -> str:
+    """How a preset with overridden fields is named wherever it is recorded (summary.json, the layer table, the
+    report): a preset with exactly these fields by its name, else by the fields, ``e4m20`` for e4m3 with mbits=20,
+    with the bias (``b3``) and the policy (``-ieee``) where they differ from the preset's, or always where the short
+    name is a preset's with other fields."""
+    presets = {name: get_format(name) for name in list_formats()}
+    same = next((name for name, f in presets.items() if f == custom), None)
+    if same is not None:
+        return same
+    short = f"e{custom.ebits}m{custom.mbits}"
+    bias = f"b{custom.bias}" if custom.bias != preset.bias or short in presets else ""
+    policy = f"-{custom.policy}" if custom.policy != preset.policy or short in presets else ""
+    return short + bias + policy
+
+
+def custom_grid_name(format_cfg: Mapping[str, Any]) -> str | None:
+    """The name of the grid a ``format`` config section runs when it overrides fields of its preset
+    (``format=e4m3 format.mbits=20`` runs e4m20, not e4m3: `custom_format_name`); None when it overrides none."""
+    cfg = dict(_plain(format_cfg))
+    name = cfg.get("name")
+    overrides = {k: cfg.get(k) for k in FORMAT_FIELDS if cfg.get(k) is not None}
+    if name is None or str(name).lower() in UNQUANTIZED or not overrides:
+        return None
+    return resolve_format(str(name), overrides).name
 
 
 def _from_fields(fields: Mapping[str, Any], name: str | None) -> FloatFormat:

@@ -26,6 +26,11 @@ def main(argv: list[str]) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # a read-only, full or vanished output folder
+        where = exc.filename or args.out or args.sweep_dirs[0]
+        print(f"error: cannot write the report to {where} ({exc.strerror or exc}); give a writable --out",
+              file=sys.stderr)
+        return 2
     print(f"wrote {report}")
     return 0
 

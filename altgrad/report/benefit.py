@@ -2,7 +2,7 @@
 
 Comparisons are made within one context (same experiment, model, data, layer map, format, weight storage and
 failure stage). When a context ran an optimizer at several learning rates (an lr scan), the lr with the lowest mean
-final loss stands for it, on each side; the table says so. When a storage has no AdamW run (e.g. grid-only on-grid
+final loss (among those with the most seeds) stands for it, on each side; the table says so. When a storage has no AdamW run (e.g. grid-only on-grid
 storage), the fp32-master AdamW of the same format is the baseline, and the table says that too.
 """
 
@@ -37,10 +37,11 @@ class Benefit:
 
 
 def best_lr_cell(cells: Sequence[Cell]) -> Cell:
-    """The cell (one per lr) with the lowest mean final loss; cells without any loss rank last."""
-    def key(c: Cell) -> tuple[int, float, float]:
-        mean = c.loss_summary().mean
-        return (mean is None, mean if mean is not None else 0.0, c["lr"] if c["lr"] is not None else 0.0)
+    """The cell (one per lr) with the lowest mean final loss among those with the most seeds (a mean over one seed
+    is not set against a mean over five); cells without any loss rank last."""
+    def key(c: Cell) -> tuple[int, int, float, float]:
+        s = c.loss_summary()
+        return (s.mean is None, -s.n, s.mean if s.mean is not None else 0.0, c["lr"] if c["lr"] is not None else 0.0)
 
     return min(cells, key=key)
 

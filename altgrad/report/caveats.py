@@ -1,5 +1,6 @@
 """The caveats of a report, computed from the runs themselves: the scale they ran at, the hardware they simulated
-the formats on, whether the loss was still falling at the horizon, and how the lrs were chosen.
+the formats on, what the format was applied to and how the weights were stored, the data, whether the loss was
+still falling at the horizon (and what a Δ is worth in steps there), and how the lrs were chosen.
 
 The answer of a study holds for what was run; these lines say what that was, so a reader does not have to dig the
 limits of the evidence out of the configs. Scope: the jobs of the declared studies (the evaluation) when there are
@@ -8,14 +9,23 @@ any, else every completed job; jobs outside the scope (a pilot, the tuning) are 
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Sequence
 
 from altgrad.report.load import Job
+from altgrad.report.order import FORMAT_ORDER, rank
+from altgrad.report.stats import summarize
+from altgrad.report.study import StudyResult
 
 STILL_LEARNING = 0.03
-"""Relative fall of the validation loss over the last quarter of the horizon above which runs count as still
-learning at the horizon (the pilot's horizon rule uses the same 3 %)."""
+"""Fall of the validation loss over the last quarter of the horizon, relative to its value at the start of that
+quarter, above which runs count as still learning at the horizon."""
+CLIFF = 1.5
+"""A loss ratio from one scanned lr to the next above which the caveats call it a cliff."""
+DATA_SOURCES = {"embedded": "synthetic text from the package's embedded grammar generator",
+                "hub": "a Hugging Face dataset", "local": "local text files"}
+"""How the caveats name a ``data.source``."""
 
 
 def _distinct(values: Sequence[object]) -> list[object]:
@@ -78,20 +88,22 @@ def horizon_lines(scope: Sequence[Job], others: Sequence[Job]) -> list[str]:
     falls = []
     for job in done:
         start, end = _loss_at(job.curve, horizon * 3 // 4), _loss_at(job.curve, horizon)
-        if start is not None and end is not None and end > 0:
-            falls.append((start - end) / end)
+        if start is not None and end is not None and start > 0:
+            falls.append((start - end) / start)
     lines = []
     if falls:
         med = statistics.median(falls)
         span = f"{100 * min(falls):.1f}–{100 * max(falls):.1f} %"
+        base = f"relative to its value at step {horizon * 3 // 4}, the start of that quarter"
         if med > STILL_LEARNING:
             lines.append(f"Horizon: H = {horizon} steps, and the runs were still learning there: over the last "
                          f"quarter of H their validation loss fell by a median {100 * med:.1f} % ({span} over "
-                         f"{len(falls)} runs). The comparison is at this budget; a ranking at H need not hold at "
-                         "longer horizons.")
+                         f"{len(falls)} runs; {base}). The comparison is at this budget; a ranking at H need not "
+                         "hold at longer horizons.")
         else:
             lines.append(f"Horizon: H = {horizon} steps; over its last quarter the validation loss changed by a "
-                         f"median {100 * med:.1f} % ({span} over {len(falls)} runs): close to settled at H.")
+                         f"median {100 * med:.1f} % ({span} over {len(falls)} runs; {base}): close to settled "
+                         "at H.")
     models = {(j.get("model"), j.get("data")) for j in done}
     longer = [j for j in others if j.state == "completed" and (j.get("model"), j.get("data")) in models
               and j.curve and _steps(j) >= 2 * horizon]
@@ -100,7 +112,8 @@ def horizon_lines(scope: Sequence[Job], others: Sequence[Job]) -> list[str]:
         if at_h is not None and at_h > 0:
             lines.append(f"A longer run of the same model and data ({job.format} {job.optimizer_label}, lr "
                          f"{job.lr:g}, seed {job.seed}): validation loss {at_h:.3f} at step {horizon}, {end:.3f} at "
-                         f"step {_steps(job)} ({100 * (at_h - end) / at_h:.0f} % lower).")
+                         f"step {_steps(job)} ({100 * (at_h - end) / at_h:.0f} % below its value at step "
+                         f"{horizon}).")
     return lines
 
 
@@ -117,13 +130,181 @@ def tuning_line(scope: Sequence[Job], others: Sequence[Job]) -> str | None:
             + " is not in them.")
 
 
-def caveat_lines(jobs: Sequence[Job], study_jobs: Sequence[Job] = ()) -> list[str]:
-    """The caveats of the evidence (markdown sentences): scale, hardware, horizon, tuning."""
+def tuning_runs(scope: Sequence[Job], others: Sequence[Job]) -> dict[tuple[str, str], dict[float, list[Job]]]:
+    """Per evaluated (format, arm): the tuning runs at the evaluation's horizon, by lr."""
+    evaluated = {j.seed for j in scope}
+    arms = {(j.format, j.optimizer_label) for j in scope}
+    horizons = {_steps(j) for j in scope if j.state == "completed"}
+    out: dict[tuple[str, str], dict[float, list[Job]]] = {}
+    for j in others:
+        key = (j.format, j.optimizer_label)
+        if key in arms and j.seed not in evaluated and j.lr is not None and j.state in ("completed", "diverged") \
+                and (j.state == "diverged" or _steps(j) in horizons):
+            out.setdefault(key, {}).setdefault(j.lr, []).append(j)
+    return out
+
+
+def lr_grid_line(scope: Sequence[Job], others: Sequence[Job]) -> str | None:
+    """How coarse the lr scan was, and what lay one step above each evaluated lr on the tuning seeds."""
+    runs = tuning_runs(scope, others)
+    picks = {(j.format, j.optimizer_label): j.lr for j in scope if j.lr is not None}
+    ratios, above, diverged, counted = [], [], 0, 0
+    for key, by_lr in runs.items():
+        lrs = sorted(by_lr)
+        ratios += [b / a for a, b in zip(lrs, lrs[1:]) if a > 0]
+        pick = picks.get(key)
+        up = [x for x in lrs if pick is not None and x > pick and not math.isclose(x, pick)]
+        at = next((x for x in lrs if pick is not None and math.isclose(x, pick)), None)
+        if not up or at is None:
+            continue
+        here = summarize([j.final_loss for j in by_lr[at] if j.final_loss is not None]).mean
+        nxt = by_lr[up[0]]
+        counted += 1
+        if any(j.state == "diverged" for j in nxt):
+            diverged += 1
+            continue
+        there = summarize([j.final_loss for j in nxt if j.final_loss is not None]).mean
+        if here and there is not None:
+            above.append(there / here)
+    if not ratios:
+        return None
+    text = (f"Learning-rate scan: adjacent scanned lrs are ×{min(ratios):.2g}–×{max(ratios):.2g} apart, so an "
+            "evaluated lr may sit up to that factor from the best one")
+    if counted:
+        parts = []
+        if above:
+            parts.append(f"ended at {min(above):.2g}–{max(above):.2g}× (median {statistics.median(above):.2g}×) the "
+                         "loss at the evaluated lr")
+        if diverged:
+            parts.append(f"diverged in {diverged}")
+        text += (f"; on the tuning seeds the next scanned lr above the evaluated one {' and '.join(parts)} "
+                 f"({counted} format × arm scans)")
+        cliffs = diverged + sum(r >= CLIFF for r in above)
+        if cliffs:
+            text += (f": {cliffs} of the {counted} picks sit one grid step below a loss cliff (≥ {CLIFF:g}× the "
+                     "loss, or divergence)")
+    return text + ". See the lr–loss figure and the sensitivity table."
+
+
+def storage_line(scope: Sequence[Job]) -> str:
+    """How the weights were stored, and what that lets the grid do to the optimizer."""
+    storages = _distinct([j.storage for j in scope])
+    if storages == ["fp32 master"]:
+        return ("Storage: every evaluated run keeps fp32 master weights; the format rounds only what the forward "
+                "pass reads, so an update below half a ULP accumulates in the master copy instead of being lost. "
+                "The grid reaches the optimizer only through the step size (a step in ULPs is a step ∝ the "
+                "weight's spacing), never through whether an update lands: what the study says about ULP-aware "
+                "updates holds for this regime, not for weights stored on the grid.")
+    return ("Storage: " + ", ".join(map(str, storages)) + " (on-grid: the weights are stored in the format, so an "
+            "update that rounds back to the same value is lost).")
+
+
+def _role_format(spec: object) -> str:
+    fmt = spec.get("format") if isinstance(spec, dict) else None
+    name = fmt.get("name") if isinstance(fmt, dict) else None
+    return str(name) if name else "unquantized"
+
+
+def roles_line(scope: Sequence[Job]) -> str | None:
+    """What the format under test was applied to, read from the runs' resolved layer maps."""
+    per_format: dict[str, dict[str, set[str]]] = {}
+    for job in scope:
+        if not isinstance(job.layer_map, dict):
+            continue
+        roles = per_format.setdefault(job.format, {"weight": set(), "input": set(), "grad": set()})
+        for layer in job.layer_map.values():
+            if isinstance(layer, dict):
+                for role, names in roles.items():
+                    names.add(_role_format(layer.get(role)))
+    if not per_format:
+        return None
+    formats = sorted(per_format, key=lambda f: rank(FORMAT_ORDER, f))
+    inputs = [f for f in formats if per_format[f]["input"] == per_format[f]["weight"] != {"unquantized"}]
+    grads: dict[str, list[str]] = {}
+    for f in formats:
+        grads.setdefault("/".join(sorted(per_format[f]["grad"])), []).append(f)
+    if not inputs:
+        applied = ""
+    elif len(inputs) == len(formats):
+        applied = ", and the layer inputs (activations) in every format"
+    else:
+        applied = f", and the layer inputs (activations) in {', '.join(inputs)}"
+    text = ("What a format is applied to (the runs' layer_map.json): the weights" + applied + "; gradients "
+            + ", ".join(f"{'in ' + g if g != 'unquantized' else g} ({', '.join(fs)})" for g, fs in grads.items()))
+    mixed = inputs or any(g != "unquantized" for g in grads)
+    return text + (". A difference between formats is a difference of weights, activations and gradients together, "
+                   "not of the weight grid alone." if mixed else ".")
+
+
+def data_line(scope: Sequence[Job]) -> str | None:
+    """What the runs were trained on (``data.source``), and a warning where it is synthetic."""
+    datas = _distinct([json_key(j.config.get("data")) for j in scope])
+    if not datas:
+        return None
+    parts = []
+    for key in datas:
+        d = dict(key)
+        source = d.get("source")
+        what = DATA_SOURCES.get(str(source), f"source {source}") if source else "source unknown"
+        tokens = f", tokenizer {d['tokenizer']}" if d.get("tokenizer") else ""
+        parts.append(f"{d.get('name') or '?'} — {what}{tokens}")
+    synthetic = any(dict(k).get("source") == "embedded" for k in datas)
+    return ("Data: " + "; ".join(parts) + "."
+            + (" What holds on generated text need not hold on natural text." if synthetic else ""))
+
+
+def json_key(data: object) -> tuple | None:
+    """A hashable view of a data config's identifying fields (name, source, tokenizer)."""
+    if not isinstance(data, dict):
+        return None
+    return tuple((k, str(data.get(k))) for k in ("name", "source", "tokenizer") if data.get(k) is not None)
+
+
+def _mean_curve_at(jobs: Sequence[Job], step: int) -> float | None:
+    values = [v for j in jobs if j.state == "completed" and (v := _loss_at(j.curve, step)) is not None]
+    return statistics.fmean(values) if values else None
+
+
+def time_shift_line(result: StudyResult) -> str | None:
+    """The primary Δ in steps of the reference arm's own descent at the horizon: how early, not how low."""
+    primary = result.endpoint.primary_contrast
+    done = [j for j in result.declared_jobs if j.state == "completed" and j.curve]
+    if not done:
+        return None
+    horizon = result.endpoint.horizon or statistics.median_low([_steps(j) for j in done])
+    start = horizon * 3 // 4
+    rates, parts = [], []
+    for c in sorted(result.of(primary), key=lambda c: rank(FORMAT_ORDER, c.format)):
+        if c.reference is None or c.test.mean is None:
+            continue
+        a, b = _mean_curve_at(c.reference.jobs, start), _mean_curve_at(c.reference.jobs, horizon)
+        if a is None or b is None or horizon <= start:
+            continue
+        rate = (a - b) / (horizon - start)  # nats per step over the last quarter
+        rates.append(rate)
+        if rate > 0:
+            parts.append(f"{c.format} {abs(c.test.mean) / rate:.0f}")
+    if not rates or not parts:
+        return None
+    return (f"Time shift: at H the {primary.reference} arms were still descending, by a median "
+            f"{100 * statistics.median(rates):.3f} nats per 100 steps over the last quarter (mean curve per format); "
+            f"measured in that descent, |Δ({primary.name})| is worth ≈ " + ", ".join(parts) + " steps. On curves "
+            "this steep a Δ at H can be one arm reaching the same curve earlier rather than a lower loss.")
+
+
+def caveat_lines(jobs: Sequence[Job], study_jobs: Sequence[Job] = (),
+                 results: Sequence[StudyResult] = ()) -> list[str]:
+    """The caveats of the evidence (markdown sentences): scale, hardware, storage, what the format is applied to,
+    data, horizon and time shift, tuning and its lr grid."""
     scope = list(study_jobs) or [j for j in jobs if j.state == "completed"]
     if not scope:
         return []
     inside = {id(j) for j in scope}
     others = [j for j in jobs if id(j) not in inside]
-    lines = [scale_line(scope), hardware_line(scope), *horizon_lines(scope, others)]
-    tuning = tuning_line(scope, others) if study_jobs else None
-    return lines + ([tuning] if tuning else [])
+    lines = [scale_line(scope), hardware_line(scope), storage_line(scope)]
+    lines += [line for line in (roles_line(scope), data_line(scope)) if line]
+    lines += horizon_lines(scope, others)
+    lines += [line for r in results if (line := time_shift_line(r))]
+    if study_jobs:
+        lines += [line for line in (tuning_line(scope, others), lr_grid_line(scope, others)) if line]
+    return lines

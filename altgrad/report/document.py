@@ -8,13 +8,15 @@ from pathlib import Path
 
 from altgrad.report import plots, tables
 from altgrad.report.benefit import stability_thresholds, ulp_benefits
-from altgrad.report.caveats import caveat_lines
-from altgrad.report.cells import group_cells
+from altgrad.report.caveats import caveat_lines, tuning_runs
+from altgrad.report.cells import Cell, group_cells
 from altgrad.report.findings import findings
 from altgrad.report.load import Job, load_sweeps
 from altgrad.report.mechanism import has_updates, speeds
+from altgrad.report.order import OPTIMIZER_ORDER, rank
+from altgrad.report.sensitivity import neighbours
 from altgrad.report.stages import attribute_failures
-from altgrad.report.study import SameGrid, analyse, declared_endpoints, endpoint_problems
+from altgrad.report.study import SameGrid, StudyResult, analyse, declared_endpoints, endpoint_problems
 
 REPORT_NAME = "report.md"
 
@@ -52,6 +54,37 @@ def same_grid_rule(jobs: Sequence[Job]) -> SameGrid | None:
     return rule
 
 
+def study_curves(results: Sequence[StudyResult]) -> list[plots.CurveGroup]:
+    """The declared studies' evaluation curves: one line per format × arm (its declared lr), and a dashed one per
+    lr sensitivity run of an arm."""
+    groups: dict[tuple[str, str, float | None, bool], list[Job]] = {}
+    for result in results:
+        off = {id(j) for j in result.off_lr}
+        for job in result.jobs:
+            groups.setdefault((job.format, job.optimizer_label, job.lr, id(job) in off), []).append(job)
+    return [plots.CurveGroup(fmt, arm, arm + (f" lr={lr:g} (lr sensitivity)" if dashed else ""), tuple(jobs), dashed)
+            for (fmt, arm, lr, dashed), jobs in sorted(groups.items(), key=lambda kv: (
+                kv[0][3], rank(OPTIMIZER_ORDER, kv[0][1]), kv[0][2] or 0.0))]
+
+
+def scans_and_picks(cells: Sequence[Cell]) -> tuple[list[Cell], list[Job]]:
+    """An undeclared sweep: per arm and context, the lr with the lowest mean final loss (its curve is shown) and
+    the jobs of every arm that ran several lrs (the lr–loss figure)."""
+    by_arm: dict[tuple, list[Cell]] = {}
+    for c in cells:
+        by_arm.setdefault(tuple((k, v) for k, v in c.key if k != "lr"), []).append(c)
+    shown, scanned = [], []
+    for members in by_arm.values():
+        if len(members) == 1:
+            shown.append(members[0])
+            continue
+        scanned += [j for c in members for j in c.jobs]
+        best = min(members, key=lambda c: (c.loss_summary().mean is None, c.loss_summary().mean or 0.0))
+        shown.append(best)
+    order = {id(c): i for i, c in enumerate(cells)}
+    return sorted(shown, key=lambda c: order[id(c)]), scanned
+
+
 def write_report(sweep_dirs: Sequence[str | os.PathLike[str]], out_dir: str | os.PathLike[str] | None = None,
                  threshold: float = 0.0, command: str | None = None) -> Path:
     """Read the sweeps, write report.md and its figures into out_dir (default: the first sweep dir); its path."""
@@ -71,10 +104,25 @@ def write_report(sweep_dirs: Sequence[str | os.PathLike[str]], out_dir: str | os
     rule = same_grid_rule(sweep.jobs)
     studies = [(next((j.get("experiment") for j in js if j.get("experiment")), None), analyse(ep, js, rule))
                for ep, js in declared_endpoints(sweep.jobs)]
+    results = [result for _, result in studies]
+    in_studies = {id(j) for r in results for j in r.jobs}
+    outside_studies = [j for j in sweep.jobs if id(j) not in in_studies]
+    near = [neighbours(r, outside_studies) for r in results]
     bad_declarations = endpoint_problems(sweep.jobs)
     speed = speeds(main_cells or cells)
+    palette = plots.arm_palette([j.optimizer_label for j in sweep.jobs])
 
-    val_png = plots.plot_val_loss(main_cells, out / "val_loss.png")
+    if results:  # the evaluation's curves; the tuning runs go to the lr–loss figure
+        val_png = plots.plot_curves(study_curves(results), out / "val_loss.png", palette,
+                                    title="Validation loss of the evaluation", log_y=True)
+        declared = [j for r in results for j in r.declared_jobs]
+        scans = [j for runs in tuning_runs(declared, outside_studies).values() for js in runs.values() for j in js]
+        picks = {(j.format, j.optimizer_label): j.lr for j in declared if j.lr is not None}
+    else:
+        shown, scans = scans_and_picks(main_cells)
+        val_png = plots.plot_val_loss(shown, out / "val_loss.png", palette=palette)
+        picks = {}
+    lr_png = plots.plot_lr_scan(scans, out / "lr_loss.png", palette, picks)
     stage_val_png = plots.plot_val_loss(stage_cells, out / "val_loss_failure_stage.png",
                                         title="Validation loss per failure stage")
     benefit_png = plots.plot_benefit(benefits, out / "benefit.png")
@@ -91,27 +139,39 @@ def write_report(sweep_dirs: Sequence[str | os.PathLike[str]], out_dir: str | os
         "",
         "## Findings",
         "",
-        findings(sweep, cells, benefits, attributions, threshold, studies, rule),
+        findings(sweep, cells, benefits, attributions, threshold, studies, rule, near),
         "",
     ]
-    caveats = caveat_lines(sweep.jobs, [j for _, result in studies for j in result.jobs])
+    caveats = caveat_lines(sweep.jobs, [j for result in results for j in result.declared_jobs], results)
     if caveats:
         parts += ["### Caveats", "", "\n".join(f"- {line}" for line in caveats), ""]
     for k, (experiment, result) in enumerate(studies):
         mantissa_png = plots.plot_study_by_mantissa(result, out / ("study_by_mantissa.png" if k == 0 else
-                                                                  f"study_by_mantissa_{k}.png"))
+                                                                  f"study_by_mantissa_{k}.png"), palette)
         parts += [f"## Declared endpoint{f' ({experiment})' if experiment else ''}", "",
                   result.endpoint.describe() + ".", "",
                   ("Δ per seed = treatment − reference; a diverged or never-learning run enters with "
                    f"{result.endpoint.failure_value.replace('_', ' ')}; crashed or missing runs leave their seed "
                    "unpaired. Verdicts: `benefit`/`harm` when the adjusted p < α, `tie` when the adjusted "
-                   "equivalence (TOST) p < α, `not established` otherwise."), "",
+                   "equivalence (TOST) p < α, `not established` otherwise: a statement about the evidence, never "
+                   "evidence of no difference. `seeds a TOST needs`: the seed pairs for 80 % power to show a tie when "
+                   "the true Δ is 0, from the paired SD, at the level each test is sure to get under the correction "
+                   f"({result.single_test_level:.3g}); `underpowered` when fewer ran."), "",
                   tables.study_table(result), "",
                   "Ranking on the primary contrast (a format benefits most only when it has a `benefit` verdict "
                   "and every interval in the last column lies below zero):", "",
                   tables.ranking_table(result), "",
                   _figure(mantissa_png, "Δ and updates below half a ULP against mantissa bits",
                           "No format with a Δ and a known mantissa width."), ""]
+        if near[k]:
+            parts += ["### Sensitivity to the reference's lr", "",
+                      ("Each declared contrast with its reference arm at the lrs next to the declared one, wherever "
+                       "records of the same configuration exist: `evaluation` rows are runs of the declaration at an "
+                       "lr set by hand, on the evaluation seeds; `tuning` rows the lr scan's runs on the tuning seeds "
+                       "(the declared lr and its nearest scanned neighbours; one seed gives no CI). Δ = the treatment "
+                       "at its declared lr − this reference, paired by seed; descriptive, outside the declared "
+                       "family and its correction."), "",
+                      tables.sensitivity_table(result, near[k]), ""]
     if bad_declarations:
         parts += ["Invalid endpoint declarations (ignored):", ""] + [f"- {b}" for b in bad_declarations] + [""]
     parts += [
@@ -130,6 +190,13 @@ def write_report(sweep_dirs: Sequence[str | os.PathLike[str]], out_dir: str | os
         "## Validation loss",
         "",
         _figure(val_png, "validation loss per format", "No job logged val/loss in metrics.csv."),
+        "",
+        ("One panel per format, one colour per arm (the same in every figure); "
+         + ("the declared studies' evaluation runs, dashed: runs at an lr set by hand (lr sensitivity). "
+            if results else "each arm at its lowest-loss lr when it ran several. ")
+         + "The lr scans are in `lr_loss.png`:"),
+        "",
+        _figure(lr_png, "final validation loss against lr", "No arm ran several learning rates."),
         "",
         ("Final and best validation loss per configuration: mean ± std over seeds (completed runs only) and the "
          "95% Student-t confidence interval of the mean."),

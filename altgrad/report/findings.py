@@ -18,8 +18,9 @@ from altgrad.report.cells import Cell, describe, varying_fields
 from altgrad.report.load import STATES, Sweep
 from altgrad.report.order import FORMAT_ORDER, REFERENCE_FORMATS, mantissa_bits, rank
 from altgrad.report.stages import FormatAttribution
-from altgrad.report.stats import holm, spearman
-from altgrad.report.study import Arm, SameGrid, StudyResult, grid_classes
+from altgrad.report.sensitivity import Neighbour
+from altgrad.report.stats import TOST_POWER, holm, spearman
+from altgrad.report.study import Arm, Comparison, SameGrid, StudyResult, grid_classes
 from altgrad.report.tables import ci_text, num, sig
 
 STALL = "mean_stall_ratio"
@@ -37,6 +38,21 @@ def _delta_text(b: Benefit) -> str:
     d = b.diff
     p = "" if d.p_value is None else f", p = {d.p_value:.3g}"
     return f"Δ = {num(d.diff.mean, signed=True)}, 95% CI {ci_text(d.diff, signed=True)}, {d.diff.n} seed pairs{p}"
+
+
+DELTA_UP = "less gain, or more harm, from the treatment"
+DELTA_DOWN = "more gain from the treatment"
+"""What a higher / lower Δ = treatment − reference means (negative Δ: the treatment helps)."""
+
+
+def direction(rho: float, x: str, y: str = "Δ", up: str = DELTA_UP, down: str = DELTA_DOWN) -> str:
+    """The direction of a rank correlation in words, from the sign of ρ: ρ > 0 says "the higher x, the higher y",
+    ρ < 0 "the higher x, the lower y" (``up`` / ``down`` say what a higher / lower y means)."""
+    if rho > 0:
+        return f"the higher {x}, the higher {y} ({up})"
+    if rho < 0:
+        return f"the higher {x}, the lower {y} ({down})"
+    return f"no monotone relation between {x} and {y}"
 
 
 def evidence_base(sweep: Sweep, cells: Sequence[Cell]) -> list[str]:
@@ -161,10 +177,11 @@ def why_lines(benefits: Sequence[Benefit], cells: Sequence[Cell]) -> list[str]:
                      "varying values) to relate stalling to the benefit.")
     else:
         rho, p = corr
-        lines.append(f"Across {len(pairs)} formats, Spearman ρ between AdamW's mean stall ratio and the best Δ is "
-                     f"{rho:+.2f} (exact permutation p = {p:.3g}); negative ρ means formats whose AdamW updates stall "
-                     "more gain more from ULP-aware updates" + ("." if p < 0.05 else
-                                                                ", but here no association is established."))
+        lines.append(f"Across {len(pairs)} formats (exploratory, uncorrected), Spearman ρ between AdamW's mean "
+                     f"stall ratio and the best Δ is {rho:+.2f} (exact permutation p = {p:.3g}): "
+                     + direction(rho, "AdamW's stall ratio") + (" — an association at α = 0.05." if p < 0.05 else
+                                                                 " as a point estimate; no association is "
+                                                                 "established."))
     for f in sorted(best_per_format, key=lambda f: rank(FORMAT_ORDER, f)):
         b = best_per_format[f]
         parts = []
@@ -203,16 +220,31 @@ def study_why_lines(result: StudyResult) -> list[str]:
     lines = []
     ref = primary.reference
     family = [c for c in comps if c.format in result.formats]
+    tests = []
     for name, label in MECHANISM[:3]:
-        pairs = [(m, c.test.mean) for c in family if (m := _arm_median(c.reference, name)) is not None]
-        corr = spearman([m for m, _ in pairs], [d for _, d in pairs])
+        pairs = [(m, c.test.mean, c.format) for c in family if (m := _arm_median(c.reference, name)) is not None]
+        corr = spearman([m for m, _, _ in pairs], [d for _, d, _ in pairs])
         if corr is not None:
-            rho, p = corr
-            lines.append(f"Why (exploratory, outside the declared family): across {len(pairs)} formats, Spearman ρ "
-                         f"between {ref}'s {label} and Δ({primary.name}) = {rho:+.2f}, exact permutation p = "
-                         f"{p:.3g} (negative ρ: the higher {ref}'s {label}, the more the treatment gains)"
-                         + (" — an association at α." if p < result.endpoint.alpha else
-                            " — no association established."))
+            bits = [(b, m) for m, _, f in pairs if (b := mantissa_bits(f)) is not None]
+            with_bits = spearman([b for b, _ in bits], [m for _, m in bits])
+            tests.append((label, len(pairs), corr, with_bits))
+    if tests:
+        adjusted = holm([p for _, _, (_, p), _ in tests])
+        alpha = result.endpoint.alpha
+        n = sorted({k for _, k, _, _ in tests})
+        lines.append(f"Why (exploratory, outside the declared family): {len(tests)} rank correlation(s) of a "
+                     f"mechanism metric of {ref} with Δ({primary.name}) across n = {'/'.join(map(str, n))} formats, "
+                     f"exact permutation p, Holm-corrected over these {len(tests)}.")
+        for (label, k, (rho, p), _), pa in zip(tests, adjusted):
+            lines.append(f"Why: {ref}'s {label} vs Δ({primary.name}), {k} formats: Spearman ρ = {rho:+.2f}, p = "
+                         f"{p:.3g}, Holm p = {pa:.3g} — " + direction(rho, f"{ref}'s {label}")
+                         + ("; an association at α." if pa < alpha else
+                            " as a point estimate; no association established."))
+        collinear = [f"{label} {wb[0]:+.2f}" for label, _, _, wb in tests if wb is not None]
+        if collinear:
+            lines.append("Why: these metrics are properties of the format (Spearman ρ with mantissa bits over the "
+                         "same formats: " + ", ".join(collinear) + "); one point per format cannot tell a "
+                         "mechanism apart from anything else that changes with the grid.")
     for c in sorted(comps, key=lambda c: rank(FORMAT_ORDER, c.format)):
         parts = []
         for name, label in MECHANISM:
@@ -227,13 +259,15 @@ def study_why_lines(result: StudyResult) -> list[str]:
 
 def findings(sweep: Sweep, cells: Sequence[Cell], benefits: Sequence[Benefit],
              attributions: Sequence[FormatAttribution], threshold: float = 0.0,
-             studies: Sequence[tuple[str | None, StudyResult]] = (), same_grid: SameGrid | None = None) -> str:
+             studies: Sequence[tuple[str | None, StudyResult]] = (), same_grid: SameGrid | None = None,
+             sensitivity: Sequence[Sequence[Neighbour]] = ()) -> str:
     """The Findings section body (markdown bullets): the declared studies' answers when there are any, else the
-    exploratory, Holm-corrected one."""
+    exploratory, Holm-corrected one. ``sensitivity``: per study, its reference arms at neighbouring lrs."""
     lines = evidence_base(sweep, cells)
     if studies:  # the why from each declared study's own runs (tuning runs elsewhere in the sweeps stay out)
-        for experiment, result in studies:
-            lines += study_lines(result, experiment) + study_why_lines(result)
+        for k, (experiment, result) in enumerate(studies):
+            near = sensitivity[k] if k < len(sensitivity) else ()
+            lines += study_lines(result, experiment, near) + study_why_lines(result)
         lines += failure_lines(attributions, threshold)
     else:
         lines += answer(benefits, same_grid=same_grid) + failure_lines(attributions, threshold)
@@ -245,8 +279,93 @@ def _ci(ci: tuple[float, float] | None) -> str:
     return "—" if ci is None else f"[{ci[0]:+.4f}, {ci[1]:+.4f}]"
 
 
-def study_lines(result: StudyResult, experiment: str | None = None) -> list[str]:
-    """The answer of a declared study: only what survives its declared correction; "not established" otherwise."""
+def margin_line(result: StudyResult) -> str | None:
+    """The tie margin as what it is: an absolute loss difference, and the share of the losses it applies to."""
+    ep = result.endpoint
+    means = [statistics.fmean(a.values.values()) for (f, _), a in result.arms.items()
+             if f in result.formats and a.values]
+    text = f"Tie margin: ±{ep.tie_margin:g} nats of validation loss, absolute (the same for every format)"
+    if not means or min(means) <= 0:
+        return text + "."
+    lo, hi = min(means), max(means)
+    return (text + f": {100 * ep.tie_margin / hi:.1f}–{100 * ep.tie_margin / lo:.1f} % of the family's arm mean "
+            f"losses ({lo:.3f}–{hi:.3f}, the base of these percentages).")
+
+
+def _underpowered_text(comps: Sequence[Comparison], result: StudyResult) -> str:
+    """Why "not established" is no verdict: the equivalence test could not reach its level with the seeds run."""
+    ep = result.endpoint
+    weak = [c for c in comps if c.underpowered]
+    if not weak:
+        return ""
+    n = sorted({len(c.deltas) for c in weak})
+    sds = [c.paired_sd for c in weak if c.paired_sd is not None]
+    level = result.single_test_level
+    return (f" — neither a difference nor a tie is shown: the equivalence test (TOST ±{ep.tie_margin:g}) is "
+            f"underpowered at {'/'.join(map(str, n))} seed pairs: needs ≈ "
+            + ", ".join(f"{c.equivalence_seeds} ({c.format})" for c in weak)
+            + f" seeds ({100 * TOST_POWER:g} % power at a true Δ of 0, one-sided level {level:.3g} under "
+            f"{ep.correction}, from the observed paired SD {min(sds):.3f}–{max(sds):.3f}); absence of evidence, not "
+            "evidence of no difference")
+
+
+def _neighbour_text(n: Neighbour, conf: float) -> str:
+    ci = n.delta.ci(conf)
+    return (f"Δ = {n.delta.mean:+.4f}" + (f", {100 * conf:g}% CI {_ci(ci)}" if ci is not None else "")
+            + f", {len(n.seeds)} seed pair{'s' if len(n.seeds) != 1 else ''}")
+
+
+def sensitivity_lines(result: StudyResult, near: Sequence[Neighbour]) -> list[str]:
+    """How much of each contrast's Δ depends on the reference's lr: the evaluation seeds at a neighbouring lr (with
+    CIs), then the tuning seeds' view of the neighbours (n per lr said)."""
+    conf = 1 - result.endpoint.alpha
+    lines = []
+    for contrast in result.endpoint.contrasts:
+        rows = [n for n in near if n.contrast == contrast]
+        if not rows:
+            continue
+        declared = {c.format: c for c in result.of(contrast)}
+        for lr in sorted({n.lr for n in rows if n.source == "evaluation"}):
+            at = [n for n in rows if n.source == "evaluation" and n.lr == lr]
+            parts = []
+            for n in at:
+                d = declared[n.format].test.mean
+                share = ""
+                if d is not None and n.delta.mean is not None and d != 0:
+                    pct = 100 * n.delta.mean / d
+                    share = (f" — {pct:.0f} % of the declared Δ ({d:+.4f})"
+                             + ("; the sign flips" if pct < 0 else ""))
+                parts.append(f"{n.format}: {_neighbour_text(n, conf)}{share}")
+            lines.append(f"Sensitivity to the lr grid ({contrast.name}; outside the declared family, uncorrected): "
+                         f"with {contrast.reference} at lr {lr:g} instead of its declared {at[0].declared_lr:g} on "
+                         "the evaluation seeds: " + "; ".join(parts) + ".")
+        tuning = [n for n in rows if n.source == "tuning"]
+        formats = sorted({n.format for n in tuning}, key=lambda f: rank(FORMAT_ORDER, f))
+        if formats:
+            seeds = sorted({s for n in tuning for s in n.seeds})
+            lowest = []
+            for f in formats:
+                here = [n for n in tuning if n.format == f]
+                if any(n.is_declared for n in here) and len(here) > 1:
+                    best = min(here, key=lambda n: statistics.fmean(n.reference[s] for s in n.seeds))
+                    lowest.append(best.is_declared)
+            lrs = sorted({n.lr for n in tuning if not n.is_declared})
+            declared_lr = tuning[0].declared_lr
+            if lowest:
+                lines.append(f"Sensitivity on the tuning seed{'s' if len(seeds) > 1 else ''} "
+                             f"{', '.join(map(str, seeds))} ("
+                             + ("one run per lr, no CI" if len(seeds) == 1 else f"{len(seeds)} seeds per lr")
+                             + f"): {contrast.reference}'s loss at its declared lr {declared_lr:g} was the lowest of "
+                             f"its scanned neighbours ({', '.join(f'{x:g}' for x in lrs)}) in {sum(lowest)} of "
+                             f"{len(lowest)} formats; the scan says nothing about lrs between its points (table: "
+                             "Sensitivity to the reference's lr).")
+    return lines
+
+
+def study_lines(result: StudyResult, experiment: str | None = None,
+                near: Sequence[Neighbour] = ()) -> list[str]:
+    """The answer of a declared study: only what survives its declared correction; "not established" otherwise.
+    ``near``: the reference arms at neighbouring lrs (altgrad/report/sensitivity.py), put beside the claims."""
     ep = result.endpoint
     conf = f"{100 * (1 - ep.alpha):g}%"
     n_tests = len(result.comparisons)
@@ -259,6 +378,9 @@ def study_lines(result: StudyResult, experiment: str | None = None) -> list[str]
     if result.missing_formats:
         lines.append("Declared but not run (counted in the family with p = 1): "
                      + ", ".join(result.missing_formats) + ".")
+    margin = margin_line(result)
+    if margin:
+        lines.append(margin)
     primary = ep.primary_contrast
     rk = result.ranking
     by_format = {c.format: c for c in result.of(primary)}
@@ -285,6 +407,7 @@ def study_lines(result: StudyResult, experiment: str | None = None) -> list[str]
                      f"{_ci(c.ci)}" + (f", bootstrap P(top) = {p_top:.2f}" if p_top is not None else "")
                      + f"), but {reason}.")
         lines.append(text)
+    beside = {(n.contrast, n.format): n for n in near if n.source == "evaluation"}
     for contrast in ep.contrasts:
         comps = result.of(contrast)
         parts = []
@@ -295,11 +418,15 @@ def study_lines(result: StudyResult, experiment: str | None = None) -> list[str]
                         "tie": f"equivalent within ±{ep.tie_margin:g} (TOST)"}[verdict]
                 parts.append(f"{what} in " + ", ".join(
                     f"{c.format} (Δ = {c.test.mean:+.4f}, adjusted p = "
-                    f"{c.tost_adjusted if verdict == 'tie' else c.p_adjusted:.3g})" for c in hit))
-        rest = [c.format + (f" ({c.why_missing})" if c.why_missing else "") for c in comps
-                if c.verdict == "not established"]
+                    f"{c.tost_adjusted if verdict == 'tie' else c.p_adjusted:.3g}"
+                    + (f"; against {contrast.reference} at lr {n.lr:g} instead: "
+                       f"{_neighbour_text(n, 1 - ep.alpha)}, uncorrected"
+                       if (n := beside.get((contrast, c.format))) is not None else "") + ")" for c in hit))
+        rest = [c for c in comps if c.verdict == "not established"]
         if rest:
-            parts.append("not established in " + ", ".join(rest))
+            parts.append("not established in " + ", ".join(
+                c.format + (f" ({c.why_missing})" if c.why_missing else "") for c in rest)
+                + _underpowered_text(rest, result))
         lines.append(f"{contrast.name}: " + "; ".join(parts) + ".")
     failing = [a for a in result.arms.values() if a.n_failures]
     if failing:
@@ -313,14 +440,16 @@ def study_lines(result: StudyResult, experiment: str | None = None) -> list[str]
     if corr is not None:
         rho, p = corr
         lines.append(f"Benefit vs mantissa bits ({primary.name}, {len(pairs)} formats): Spearman ρ = {rho:+.2f}, "
-                     f"exact permutation p = {p:.3g}" + (" — an association at α." if p < ep.alpha else
-                                                         " — no association established."))
+                     f"exact permutation p = {p:.3g} — " + direction(rho, "a format's mantissa width")
+                     + ("; an association at α." if p < ep.alpha else
+                        " as a point estimate; no association established."))
     shown = [c for c in result.outside if c.test.mean is not None]
     if shown:
         lines.append("Outside the declared family (descriptive, uncorrected; a gain there too is not specific to "
                      "the 8-bit grids): " + "; ".join(
                          f"{c.format} {c.contrast.name} Δ = {c.test.mean:+.4f}, {conf} CI {_ci(c.ci)}"
                          for c in shown) + ".")
+    lines += sensitivity_lines(result, near)
     for note in result.notes:
         lines.append(f"Note: {note}.")
     return lines

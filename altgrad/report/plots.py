@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from matplotlib import colormaps
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from altgrad.report.benefit import Benefit
 from altgrad.report.cells import Cell, describe, varying_fields
@@ -41,36 +43,136 @@ def seed_band(curves: Sequence[Sequence[tuple[int, float]]]) -> tuple[np.ndarray
             np.array([max(v) for v in vals]))
 
 
-def plot_val_loss(cells: Sequence[Cell], path: Path, title: str = "Validation loss") -> Path | None:
-    """One panel per format: val/loss vs step per optimizer (and storage, …), mean line and min–max band over seeds."""
-    with_curves = [c for c in cells if any(j.curve for j in c.jobs)]
-    if not with_curves:
+Colour = tuple[float, float, float, float]
+
+
+def arm_palette(labels: Sequence[str]) -> dict[str, Colour]:
+    """One colour per arm (optimizer label), in report order, so that an arm has the same colour in every figure of
+    a report."""
+    ordered = sorted(set(labels), key=lambda lab: rank(OPTIMIZER_ORDER, lab))
+    cmap = colormaps["tab10"]
+    return {lab: cmap(i % 10) for i, lab in enumerate(ordered)}
+
+
+@dataclass(frozen=True)
+class CurveGroup:
+    """One line of a validation-loss panel: its seeds' curves, the arm that colours it, its legend text."""
+
+    panel: str
+    arm: str
+    label: str
+    jobs: tuple[Job, ...]
+    dashed: bool = False
+
+
+def plot_curves(groups: Sequence[CurveGroup], path: Path, palette: dict[str, Colour],
+                title: str = "Validation loss", log_y: bool = False) -> Path | None:
+    """One panel per format (report order): a line per group, the mean over its seeds' val/loss with a min–max band,
+    coloured by its arm; ``log_y`` puts the loss on a log axis that starts after the shared initial loss."""
+    groups = [g for g in groups if any(j.curve for j in g.jobs)]
+    if not groups:
         return None
-    formats = sorted({c["format"] for c in with_curves}, key=lambda f: rank(FORMAT_ORDER, f))
-    label_fields = [f for f in varying_fields(with_curves) if f not in ("format", "experiment")]
-    rows, cols = _grid(len(formats))
-    per_panel = max(sum(c["format"] == f for c in with_curves) for f in formats)
+    panels = sorted({g.panel for g in groups}, key=lambda f: rank(FORMAT_ORDER, f))
+    rows, cols = _grid(len(panels))
+    per_panel = max(sum(g.panel == f for g in groups) for f in panels)
     fig = Figure(figsize=(4.2 * cols, (3.0 + 0.16 * per_panel) * rows), layout="constrained")
-    for i, fmt in enumerate(formats):
+    fallback = colormaps["tab10"]
+    for i, panel in enumerate(panels):
         ax = fig.add_subplot(rows, cols, i + 1)
-        tops, bottoms = [], []
-        for c in (c for c in with_curves if c["format"] == fmt):
-            curves = [j.curve for j in c.jobs if j.curve]
+        tops, bottoms, later = [], [], []
+        for k, g in enumerate(g for g in groups if g.panel == panel):
+            curves = [j.curve for j in g.jobs if j.curve]
             steps, mean, lo, hi = seed_band(curves)
-            line, = ax.plot(steps, mean, lw=1.4, label=f"{describe(dict(c.key), label_fields)} (n={len(curves)})")
+            colour = palette.get(g.arm, fallback(k % 10))
+            ax.plot(steps, mean, lw=1.4, color=colour, ls="--" if g.dashed else "-",
+                    label=f"{g.label} (n={len(curves)})")
             if len(curves) > 1:
-                ax.fill_between(steps, lo, hi, color=line.get_color(), alpha=0.2, lw=0)
+                ax.fill_between(steps, lo, hi, color=colour, alpha=0.12 if g.dashed else 0.2, lw=0)
             tops += [cv[0][1] for cv in curves]
             bottoms.append(float(lo.min()))
-        if tops and bottoms and max(tops) > min(bottoms):
+            later += [float(m) for m in mean[1:]]
+        if log_y and bottoms and min(bottoms) > 0 and later:
+            # log axis from just below the lowest band to the highest mean after the first logged step: the shared
+            # initial loss would otherwise flatten the part of the curves where the arms differ
+            ax.set_yscale("log")
+            ax.set_ylim(min(bottoms) * 0.95, max(later) * 1.1)
+            ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 1.5, 2.0, 3.0, 5.0, 7.0)))
+            ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+            ax.yaxis.set_minor_formatter(NullFormatter())
+        elif tops and bottoms and max(tops) > min(bottoms):
             # a diverging run's loss explodes; the initial loss is the natural ceiling of a training curve
             ax.set_ylim(min(bottoms) - 0.02 * (max(tops) - min(bottoms)), max(tops) * 1.05)
-        ax.set_title(fmt)
+        ax.set_title(panel)
         ax.set_xlabel("step")
-        ax.set_ylabel("val/loss")
+        ax.set_ylabel("val/loss" + (" (log)" if log_y else ""))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=6, loc="upper center", bbox_to_anchor=(0.5, -0.22), frameon=False)
     fig.suptitle(f"{title} (line: mean over seeds, band: min–max)")
+    return _save(fig, path)
+
+
+def plot_val_loss(cells: Sequence[Cell], path: Path, title: str = "Validation loss",
+                  palette: dict[str, Colour] | None = None) -> Path | None:
+    """One panel per format: val/loss vs step per optimizer (and storage, lr, …) with its seed band; lines of one
+    arm share the arm's colour (``palette``) and differ in dash when the arm has several lines."""
+    with_curves = [c for c in cells if any(j.curve for j in c.jobs)]
+    label_fields = [f for f in varying_fields(with_curves) if f not in ("format", "experiment")]
+    seen: dict[tuple[str, str], int] = {}
+    groups = []
+    for c in with_curves:
+        key = (c["format"], c["optimizer_label"])
+        seen[key] = seen.get(key, 0) + 1
+        groups.append(CurveGroup(c["format"], c["optimizer_label"] if palette else describe(dict(c.key), label_fields),
+                                 describe(dict(c.key), label_fields), c.jobs, dashed=seen[key] > 1))
+    return plot_curves(groups, path, palette or {}, title)
+
+
+def plot_lr_scan(jobs: Sequence[Job], path: Path, palette: dict[str, Colour],
+                 evaluated: dict[tuple[str, str], float] | None = None,
+                 title: str = "Tuning: final validation loss against lr") -> Path | None:
+    """One panel per format: final val loss (mean over the seeds run) against lr on a log axis, one line per arm;
+    a diverged lr is an ``x`` at the panel's top, the lr the evaluation used a ring."""
+    by: dict[tuple[str, str], dict[float, list[Job]]] = {}
+    for j in jobs:
+        if j.lr is not None and j.lr > 0 and j.state in ("completed", "diverged"):
+            by.setdefault((j.format, j.optimizer_label), {}).setdefault(j.lr, []).append(j)
+    by = {k: v for k, v in by.items() if len(v) >= 2}
+    if not by:
+        return None
+    evaluated = evaluated or {}
+    panels = sorted({f for f, _ in by}, key=lambda f: rank(FORMAT_ORDER, f))
+    rows, cols = _grid(len(panels))
+    fig = Figure(figsize=(4.2 * cols, 3.4 * rows), layout="constrained")
+    seeds = sorted({j.seed for j in jobs if j.seed is not None})
+    for i, panel in enumerate(panels):
+        ax = fig.add_subplot(rows, cols, i + 1)
+        arms = sorted((a for f, a in by if f == panel), key=lambda a: rank(OPTIMIZER_ORDER, a))
+        finite = [x for a in arms for js in by[(panel, a)].values() for j in js if (x := j.final_loss) is not None]
+        top = max(finite) * 1.08 if finite else 1.0
+        for arm in arms:
+            points = by[(panel, arm)]
+            lrs = sorted(points)
+            means = [float(np.mean(v)) if (v := [j.final_loss for j in points[x] if j.final_loss is not None])
+                     else math.nan for x in lrs]
+            colour = palette.get(arm, "0.4")
+            ax.plot(lrs, means, "o-", ms=3, lw=1.2, color=colour, label=arm)
+            gone = [x for x, m in zip(lrs, means) if math.isnan(m)]
+            if gone:
+                ax.plot(gone, [top] * len(gone), "x", color=colour, ms=7, mew=1.5)
+            pick = evaluated.get((panel, arm))
+            at = [m for x, m in zip(lrs, means) if pick is not None and math.isclose(x, pick) and not math.isnan(m)]
+            if at:
+                ax.plot([pick], at, "o", ms=10, mfc="none", mec=colour, mew=1.5)
+        ax.set_xscale("log")
+        ax.set_ylim(top=top * 1.04)
+        ax.set_title(panel)
+        ax.set_xlabel("lr (each arm's own unit; manifold: ULPs per step)", fontsize=7)
+        ax.set_ylabel("final val loss")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6, loc="best")
+    seed_text = (f"seed {seeds[0]}, one run per point" if len(seeds) == 1 else
+                 f"mean over seeds {', '.join(map(str, seeds))}")
+    fig.suptitle(f"{title} ({seed_text}; ring: lr the evaluation used; x: diverged)")
     return _save(fig, path)
 
 
@@ -109,10 +211,11 @@ def sub_half_ulp_by_mantissa(result: StudyResult) -> dict[str, list[tuple[int, f
     return out
 
 
-def plot_study_by_mantissa(result: StudyResult, path: Path) -> Path | None:
+def plot_study_by_mantissa(result: StudyResult, path: Path, palette: dict[str, Colour] | None = None) -> Path | None:
     """The declared study against mantissa bits: left, Δ of each contrast per format with its declared CI (hollow:
     formats outside the family, descriptive); right, each arm's median share of updates below half a ULP of the
-    weight's grid (the mechanism: a step below ½ ULP is lost to round-to-nearest without a master copy)."""
+    weight's grid (the mechanism: a step below ½ ULP is lost to round-to-nearest without a master copy). A contrast
+    takes its reference arm's colour, an arm its own (``palette``)."""
     comparisons = [c for c in (*result.comparisons, *result.outside)
                    if c.test.mean is not None and mantissa_bits(c.format) is not None]
     if not comparisons:
@@ -121,15 +224,17 @@ def plot_study_by_mantissa(result: StudyResult, path: Path) -> Path | None:
     fig = Figure(figsize=(11, 4.2), layout="constrained")
     left, right = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
     colors = colormaps["tab10"]
+    palette = palette or arm_palette([lab for c in contrasts for lab in (c.treatment, c.reference)])
     outside = {id(c) for c in result.outside}
     for i, contrast in enumerate(contrasts):
         offset = 0.25 * (i - (len(contrasts) - 1) / 2)
+        colour = palette.get(contrast.reference, colors(i))
         for c in (c for c in comparisons if c.contrast == contrast):
             ci = c.ci
             yerr = None if ci is None else [[c.test.mean - ci[0]], [ci[1] - c.test.mean]]
             left.errorbar(mantissa_bits(c.format) + offset, c.test.mean, yerr=yerr, fmt="o", capsize=3,
-                          color=colors(i), mfc="white" if id(c) in outside else colors(i))
-        left.plot([], [], "o", color=colors(i), label=contrast.name)
+                          color=colour, mfc="white" if id(c) in outside else colour)
+        left.plot([], [], "o", color=colour, label=contrast.name)
     left.axhline(0.0, color="k", lw=0.8)
     left.set_xlabel("mantissa bits")
     left.set_ylabel(f"Δ {result.endpoint.metric} (negative: treatment helps)")
@@ -137,7 +242,7 @@ def plot_study_by_mantissa(result: StudyResult, path: Path) -> Path | None:
                    fontsize=9)
     left.legend(fontsize=7)
     for j, (arm, points) in enumerate(sub_half_ulp_by_mantissa(result).items()):
-        right.plot(*zip(*points), "o-", color=colors(len(contrasts) + j), label=arm)
+        right.plot(*zip(*points), "o-", color=palette.get(arm, colors(len(contrasts) + j)), label=arm)
     right.set_xlabel("mantissa bits")
     right.set_ylabel("share of updates < ½ ULP (median over seeds)")
     right.set_ylim(-0.02, 1.02)

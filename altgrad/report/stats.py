@@ -327,3 +327,48 @@ def _ranks(values: Sequence[float]) -> list[float]:
 
 def _finite(x: float | None) -> bool:
     return x is not None and math.isfinite(x)
+
+
+def single_test_level(correction: str, alpha: float, m: int) -> float:
+    """The level one test of a family of ``m`` is sure to be held to, whatever the other tests give: α/m under
+    Holm (its first step) and Benjamini–Hochberg (a lone rejection needs p ≤ α/m), α uncorrected."""
+    return alpha if correction == "none" or m <= 1 else alpha / m
+
+
+TOST_POWER = 0.8
+"""The power the seeds an equivalence test needs are computed for."""
+
+
+def tost_seeds_needed(sd: float, margin: float, level: float, power: float = TOST_POWER,
+                      max_n: int = 100_000) -> int | None:
+    """Seed pairs a paired equivalence test (TOST, margin ±δ) needs for ``power`` when the true mean Δ is 0.
+
+    With paired SD σ, one-sided level α' (each of the two tests; under a correction, ``single_test_level``) and
+    power 1 − β, the smallest n ≥ 2 with
+
+        n ≥ (t(1 − α', n − 1) + t(1 − β/2, n − 1))² · σ² / δ²
+
+    (Chow, Shao & Wang, *Sample Size Calculations in Clinical Research*, 2nd ed. 2008, §3.2: the one-sample /
+    paired equivalence test at a true difference of 0; t quantiles on n − 1 df, solved by stepping n up). It is the
+    usual approximation of the noncentral-t power (within a seed or two; a Monte Carlo check is in the tests), and
+    the most favourable case for a tie: a true Δ ≠ 0 needs more. None when σ is not a positive number, or when more
+    than ``max_n`` would be needed."""
+    if not (math.isfinite(sd) and sd > 0) or not margin > 0 or not 0 < level < 0.5 or not 0 < power < 1:
+        return None
+    ratio = (sd / margin) ** 2
+    beta = 1.0 - power
+
+    def enough(n: int) -> bool:
+        quantiles = t_critical(n - 1, 1.0 - 2.0 * level) + t_critical(n - 1, 1.0 - beta)
+        return n >= quantiles ** 2 * ratio
+
+    if not enough(max_n):
+        return None
+    low, high = 1, max_n  # n − (quantiles)²·σ²/δ² grows with n (the quantiles shrink): bisect on n
+    while high - low > 1:
+        mid = (low + high) // 2
+        if enough(mid):
+            high = mid
+        else:
+            low = mid
+    return high

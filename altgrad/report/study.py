@@ -12,12 +12,19 @@ correction; a verdict that is only ever one of
 
 - ``benefit`` / ``harm``: adjusted p < α and the sign of the mean;
 - ``tie``: the equivalence test (TOST, margin ±tie_margin) rejects at the adjusted level;
-- ``not established``: neither.
+- ``not established``: neither. Where the equivalence test could not reach its level with the seeds run, the
+  comparison says how many seed pairs it would need (``equivalence_seeds``): "not established" is then a
+  statement about the evidence, never evidence that there is no difference.
 
 Which format benefits most (primary contrast): a format A with a ``benefit`` verdict whose paired (1 − α) CI of
 Δ(A) − Δ(B) lies below 0 against every other format B of the family (an intersection–union test: no further
 correction). The seed-bootstrap probability of being the top format is given for every format, as a description.
 Formats that give the same grid under the runs' scaling are one arm: the first in report order stands for them.
+
+An arm is one learning rate: the one its experiment resolved by itself. Jobs of the declaration that set their lr
+by hand (a Hydra ``optimizer.lr=`` override, e.g. a rerun of the reference at a neighbouring lr) are kept out of the
+family as ``off_lr`` runs, for the lr sensitivity (altgrad/report/sensitivity.py); when that does not single out
+one lr, the arm is left out with a note.
 """
 
 from __future__ import annotations
@@ -26,10 +33,12 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from altgrad.report.cells import mixed_configurations, setup_differences
 from altgrad.report.endpoint import Contrast, Endpoint, parse_endpoint
 from altgrad.report.load import Job
 from altgrad.report.order import FORMAT_ORDER, REFERENCE_FORMATS, rank
-from altgrad.report.stats import CORRECTIONS, TTest, bootstrap_top_rank, pooled_sd, t_test
+from altgrad.report.stats import (CORRECTIONS, TTest, bootstrap_top_rank, pooled_sd, single_test_level, t_test,
+                                  tost_seeds_needed)
 
 SameGrid = Callable[[str, str], bool]
 VERDICTS = ("benefit", "harm", "tie", "not established")
@@ -100,10 +109,23 @@ class Comparison:
     tost_adjusted: float = 1.0
     verdict: str = "not established"
     why_missing: str | None = None
+    equivalence_seeds: int | None = None     # seed pairs the TOST needs for 80 % power at a true Δ of 0
 
     @property
     def ci(self) -> tuple[float, float] | None:
         return self.test.ci(self.confidence)
+
+    @property
+    def paired_sd(self) -> float | None:
+        """The SD of Δ the test used (its own, or the pooled one)."""
+        t = self.test
+        return None if t.se is None or t.n < 1 else t.se * math.sqrt(t.n)
+
+    @property
+    def underpowered(self) -> bool:
+        """Not established, and the equivalence test had fewer seed pairs than it needs: no verdict either way."""
+        return (self.verdict == "not established" and self.equivalence_seeds is not None
+                and len(self.deltas) < self.equivalence_seeds)
 
 
 @dataclass(frozen=True)
@@ -129,14 +151,26 @@ class StudyResult:
     arms: dict[tuple[str, str], Arm] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
     outside: tuple[Comparison, ...] = ()         # formats run but not declared (e.g. a wide reference): descriptive
+    off_lr: tuple[Job, ...] = ()                 # the declaration's runs at an lr set by hand: out of the family
 
+    @property
+    def single_test_level(self) -> float:
+        """The level each test of the family is sure to be held to under the declared correction."""
+        ep = self.endpoint
+        return single_test_level(ep.correction, ep.alpha, len(self.comparisons))
+
+    @property
+    def declared_jobs(self) -> tuple[Job, ...]:
+        """The declaration's jobs without its off-lr runs: the evaluation as declared."""
+        off = {id(j) for j in self.off_lr}
+        return tuple(j for j in self.jobs if id(j) not in off)
 
     def of(self, contrast: Contrast) -> list[Comparison]:
         return [c for c in self.comparisons if c.contrast == contrast]
 
 
-def _value(job: Job, ep: Endpoint) -> tuple[float | None, str]:
-    """(value, kind): kind is completed, failure, short or none."""
+def run_value(job: Job, ep: Endpoint) -> tuple[float | None, str]:
+    """What a job contributes to Δ, (value, kind): kind is completed, failure, short or none."""
     if job.state == "completed":
         steps = job.summary.get("steps")
         if ep.horizon is not None and isinstance(steps, int) and steps < ep.horizon:
@@ -151,13 +185,30 @@ def _value(job: Job, ep: Endpoint) -> tuple[float | None, str]:
     return None, "none"
 
 
+def lr_set_by_hand(job: Job) -> bool:
+    """Whether the job's Hydra overrides set its learning rate (``optimizer.lr=…``) instead of its experiment."""
+    return any(o.lstrip("+~").partition("=")[0] == "optimizer.lr" for o in job.overrides)
+
+
+def split_off_lr(jobs: Sequence[Job]) -> tuple[list[Job], list[Job]]:
+    """(the arm's jobs, runs at a hand-set lr kept out): when an arm's jobs ran several lrs and those whose lr the
+    experiment resolved itself share one lr, the others are off-lr runs; otherwise nothing is split off."""
+    if len({j.lr for j in jobs}) < 2:
+        return list(jobs), []
+    own = [j for j in jobs if not lr_set_by_hand(j)]
+    if own and len({j.lr for j in own}) == 1:
+        lr = own[0].lr
+        return [j for j in jobs if j.lr == lr], [j for j in jobs if j.lr != lr]
+    return list(jobs), []
+
+
 def build_arm(fmt: str, label: str, jobs: Sequence[Job], ep: Endpoint, fallback_failure: float | None) -> Arm:
     """Per-seed values of one arm; a failure without its own initial loss takes ``fallback_failure``."""
     per_seed: dict[int, list[float]] = {}
     failures = no_result = 0
     notes = []
     for job in jobs:
-        v, kind = _value(job, ep)
+        v, kind = run_value(job, ep)
         if kind == "failure":
             failures += 1
             if v is None and ep.failure_value != "exclude":
@@ -170,12 +221,23 @@ def build_arm(fmt: str, label: str, jobs: Sequence[Job], ep: Endpoint, fallback_
         if v is not None and job.seed is not None:
             per_seed.setdefault(job.seed, []).append(v)
     lrs = tuple(sorted({j.lr for j in jobs if j.lr is not None}))
+    mixed = mixed_configurations([j for j in jobs if j.config])
     if len(lrs) > 1:
         notes.append(f"{fmt} {label} ran {len(lrs)} learning rates ({', '.join(f'{x:g}' for x in lrs)}); the "
                      "declared analysis needs one per arm (tune on separate seeds), so this arm is left out")
         per_seed = {}
+    elif mixed:
+        shown = ", ".join(mixed[:4]) + (f", … ({len(mixed)} keys)" if len(mixed) > 4 else "")
+        notes.append(f"{fmt} {label} pools runs of different configurations (they differ in {shown}); the declared "
+                     "analysis needs one configuration per arm, so this arm is left out")
+        per_seed = {}
     return Arm(fmt, label, tuple(jobs), {s: math.fsum(v) / len(v) for s, v in per_seed.items()}, failures,
                no_result, lrs, tuple(notes))
+
+
+def lr_of_arm(arm: Arm) -> float | None:
+    """The arm's one learning rate (None when it ran none or several)."""
+    return arm.lrs[0] if len(arm.lrs) == 1 else None
 
 
 def grid_classes(formats: Sequence[str], same_grid: SameGrid | None) -> dict[str, tuple[str, ...]]:
@@ -206,6 +268,7 @@ def analyse(ep: Endpoint, jobs: Sequence[Job], same_grid: SameGrid | None = None
 
     labels = sorted({lab for c in ep.contrasts for lab in (c.treatment, c.reference)})
     arms: dict[tuple[str, str], Arm] = {}
+    off_lr: list[Job] = []
     for rep in formats:
         fmt = source[rep]
         fjobs = [j for j in jobs if j.format == fmt]
@@ -213,7 +276,9 @@ def analyse(ep: Endpoint, jobs: Sequence[Job], same_grid: SameGrid | None = None
                     if isinstance(v, (int, float)) and math.isfinite(v)]
         fallback = max(initials) if initials else None
         for label in labels:
-            arm = build_arm(rep, label, [j for j in fjobs if j.optimizer_label == label], ep, fallback)
+            own, off = split_off_lr([j for j in fjobs if j.optimizer_label == label])
+            off_lr += off
+            arm = build_arm(rep, label, own, ep, fallback)
             arms[(rep, label)] = arm
             notes.extend(arm.notes)
 
@@ -227,6 +292,10 @@ def analyse(ep: Endpoint, jobs: Sequence[Job], same_grid: SameGrid | None = None
                 why = f"no {contrast.treatment} runs"
             elif r is None or not r.jobs:
                 why = f"no {contrast.reference} runs"
+            else:
+                apart = setup_differences([*t.jobs, *r.jobs])
+                if apart:
+                    why = "the arms ran different setups (" + ", ".join(apart[:4]) + ")"
             deltas = {} if why else {s: t.values[s] - r.values[s] for s in t.values if s in r.values}
             if why is None and len(deltas) < 2:
                 why = f"{len(deltas)} seed pair(s)"
@@ -240,6 +309,7 @@ def analyse(ep: Endpoint, jobs: Sequence[Job], same_grid: SameGrid | None = None
     adjust = CORRECTIONS[ep.correction]
     p_adj = adjust([t.p_value for t in tests])
     tost_adj = adjust([t.tost_p(ep.tie_margin) for t in tests])
+    level = single_test_level(ep.correction, ep.alpha, len(tests))
     comparisons = []
     for (contrast, rep, t, r, deltas, why), test, pa, ta in zip(raw, tests, p_adj, tost_adj):
         if test.mean is not None and pa < ep.alpha:
@@ -248,7 +318,9 @@ def analyse(ep: Endpoint, jobs: Sequence[Job], same_grid: SameGrid | None = None
             verdict = "tie"
         else:
             verdict = "not established"
-        comparisons.append(Comparison(contrast, rep, t, r, deltas, test, confidence, pa, ta, verdict, why))
+        sd = None if test.se is None else test.se * math.sqrt(test.n)
+        seeds = tost_seeds_needed(sd, ep.tie_margin, level) if sd is not None else None
+        comparisons.append(Comparison(contrast, rep, t, r, deltas, test, confidence, pa, ta, verdict, why, seeds))
 
     ranking = rank_formats([c for c in comparisons if c.contrast == ep.primary_contrast], ep.alpha)
     covered = {f for m in classes.values() for f in m}
@@ -256,14 +328,29 @@ def analyse(ep: Endpoint, jobs: Sequence[Job], same_grid: SameGrid | None = None
     for fmt in sorted({j.format for j in jobs} - covered, key=lambda f: rank(FORMAT_ORDER, f)):
         fjobs = [j for j in jobs if j.format == fmt]
         contrast = ep.primary_contrast
-        t, r = (build_arm(fmt, lab, [j for j in fjobs if j.optimizer_label == lab], ep, None)
-                for lab in (contrast.treatment, contrast.reference))
+        split = {lab: split_off_lr([j for j in fjobs if j.optimizer_label == lab])
+                 for lab in (contrast.treatment, contrast.reference)}
+        off_lr += [j for _, off in split.values() for j in off]
+        t, r = (build_arm(fmt, lab, split[lab][0], ep, None) for lab in (contrast.treatment, contrast.reference))
         deltas = {s: t.values[s] - r.values[s] for s in t.values if s in r.values}
         test = t_test(list(deltas.values()))
         outside.append(Comparison(contrast, fmt, t, r, deltas, test, confidence, test.p_value or 1.0, 1.0,
                                   "outside the family"))
+    if off_lr:
+        notes.append(_off_lr_note(off_lr))
     return StudyResult(ep, jobs, formats, merged, missing, tuple(comparisons), ranking, arms, tuple(notes),
-                       tuple(outside))
+                       tuple(outside), tuple(off_lr))
+
+
+def _off_lr_note(jobs: Sequence[Job]) -> str:
+    groups: dict[tuple[str, float | None], list[str]] = {}
+    for job in jobs:
+        fmts = groups.setdefault((job.optimizer_label, job.lr), [])
+        if job.format not in fmts:
+            fmts.append(job.format)
+    return (f"{len(jobs)} run(s) of the declaration set their lr by hand and are kept out of the declared analysis "
+            "(lr sensitivity): " + "; ".join(f"{label} at lr {lr:g} in {', '.join(fmts)}"
+                                             for (label, lr), fmts in groups.items()))
 
 
 def rank_formats(primary: Sequence[Comparison], alpha: float) -> Ranking:

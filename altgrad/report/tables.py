@@ -8,6 +8,7 @@ from typing import Any
 from altgrad.report.benefit import Benefit, StabilityThreshold
 from altgrad.report.cells import CONTEXT_FIELDS, Cell, describe, varying_fields
 from altgrad.report.load import Job
+from altgrad.report.sensitivity import Neighbour
 from altgrad.report.stages import FormatAttribution
 from altgrad.report.stats import Summary, TTest, summarize
 from altgrad.report.study import StudyResult
@@ -201,13 +202,53 @@ def study_table(result: StudyResult) -> str:
         lrs = "/".join(", ".join(f"{x:g}" for x in a.lrs) or "—" if a is not None else "—" for a in (t, r))
         fails = " / ".join(f"{a.n_failures} of {len(a.jobs)}" if a is not None else "—" for a in (t, r))
         ci = c.ci
+        seeds = "—" if c.equivalence_seeds is None else (
+            f"underpowered: needs ≈ {c.equivalence_seeds}" if c.underpowered else f"≈ {c.equivalence_seeds}")
         rows.append([c.contrast.name, c.format, lrs, len(c.deltas), fails, num(c.test.mean, signed=True),
                      "—" if ci is None else f"[{num(ci[0], signed=True)}, {num(ci[1], signed=True)}]",
                      "—" if c.test.p_value is None else f"{c.test.p_value:.3g}", f"{c.p_adjusted:.3g}",
-                     f"{c.tost_adjusted:.3g}", c.verdict + (f" ({c.why_missing})" if c.why_missing else "")])
+                     sig(c.paired_sd), f"{c.tost_adjusted:.3g}", seeds,
+                     c.verdict + (f" ({c.why_missing})" if c.why_missing else "")])
     return markdown_table(["contrast", "format", "lr (treatment/reference)", "seed pairs",
-                           "failures (treatment/reference)", "Δ", conf, "p", f"{ep.correction} p",
-                           f"TOST ±{ep.tie_margin:g} {ep.correction} p", "verdict"], rows)
+                           "failures (treatment/reference)", "Δ", conf, "p", f"{ep.correction} p", "paired SD",
+                           f"TOST ±{ep.tie_margin:g} {ep.correction} p", "seeds a TOST needs", "verdict"], rows)
+
+
+def sensitivity_table(result: StudyResult, near: Sequence[Neighbour]) -> str:
+    """Each declared contrast with its reference at the lrs next to the declared one: Δ against the treatment at
+    its declared lr, paired by seed, per source of seeds (evaluation or tuning)."""
+    conf = 1 - result.endpoint.alpha
+    declared = {(c.contrast, c.format): c for c in result.comparisons}
+    rows = []
+    for n in near:
+        ci = n.delta.ci(conf)
+        ref = [n.reference[s] for s in n.seeds]
+        decl = declared.get((n.contrast, n.format))
+        rows.append([n.contrast.name, n.format, n.source, ", ".join(map(str, _seed_span(n.seeds))),
+                     f"{n.lr:g}" + (" (declared)" if n.is_declared else ""),
+                     num(sum(ref) / len(ref)) if ref else "—", n.failures, len(n.seeds),
+                     num(n.delta.mean, signed=True),
+                     "—" if ci is None else f"[{num(ci[0], signed=True)}, {num(ci[1], signed=True)}]",
+                     "—" if decl is None else num(decl.test.mean, signed=True)])
+    return markdown_table(["contrast", "format", "seeds from", "seeds", "reference lr", "reference loss (mean)",
+                           "reference failures", "seed pairs", "Δ vs treatment at its declared lr",
+                           f"{100 * conf:g}% CI", "declared Δ (evaluation)"], rows)
+
+
+def _seed_span(seeds: Sequence[int]) -> list[str]:
+    """1, 2, 3, 4, 5 → ["1–5"]; gaps keep their own entries."""
+    out: list[str] = []
+    run: list[int] = []
+    for s in sorted(seeds):
+        if run and s == run[-1] + 1:
+            run.append(s)
+            continue
+        if run:
+            out.append(f"{run[0]}–{run[-1]}" if len(run) > 2 else ", ".join(map(str, run)))
+        run = [s]
+    if run:
+        out.append(f"{run[0]}–{run[-1]}" if len(run) > 2 else ", ".join(map(str, run)))
+    return out
 
 
 def ranking_table(result: StudyResult) -> str:
@@ -231,7 +272,7 @@ def mechanism_table(cells: Sequence[Cell], speeds: dict) -> str:
     """Per configuration: update size in ULPs, share below ½ ULP, |w|-decile step ratio, steps to the target."""
     from altgrad.report.mechanism import decile_ratio, update_summary
 
-    fields = [f for f in varying_fields(cells) if f != "lr"]
+    fields = varying_fields(cells)  # lr too where it varies: an lr scan's rows are otherwise indistinguishable
     rows = []
     for c in cells:
         sp = speeds.get(c.key)

@@ -17,6 +17,8 @@ from pathlib import Path
 from hydra.core.override_parser.types import Override
 from omegaconf import DictConfig, OmegaConf
 
+import altgrad.sweep.naming  # noqa: F401  (registers the job-dir resolver the sweep configs use)
+
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
 

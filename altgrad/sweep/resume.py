@@ -1,17 +1,22 @@
 """``+resume_sweep=true``: a rerun of a sweep skips every job whose earlier run in the same job dir finished.
 
 Finished means summary.json says ``completed`` or ``diverged`` (both are results: a deterministic rerun of a
-diverged job diverges again). An ``interrupted`` job (SIGTERM, SIGINT, SIGUSR1/2) resumes in place from the
-checkpoint it saved; a job that failed, was killed, or never started runs again. A job dir holding a finished run of
-a *different* configuration is an error for that job, never overwritten: a rerun must use the same sweep folder
-(``hydra.sweep.dir=multirun/NAME/DATE/TIME``) and the same grid values (job dirs are named by them). Keys that only
-say where things are written (the sweep folder, logger paths) never count, so a moved sweep folder resumes.
+diverged job diverges again). A job that did not finish but left ``checkpoints/last.ckpt`` — interrupted (SIGTERM,
+SIGINT, SIGUSR1/2), failed, or killed without a summary (SIGKILL, a lost node) — resumes in place from it; a job
+with no checkpoint (never started, or stopped before its first one) runs from the start. The same holds for a
+single run given a fixed ``hydra.run.dir`` (the requeue recipe in docs/faults.md).
+
+A job dir holding a run of a *different* configuration is refused (``ResumeRefused``), never overwritten, and the
+sweep stops there: a rerun must use the same sweep folder (``hydra.sweep.dir=multirun/NAME/DATE/TIME``) and the same
+grid values (job dirs are named by them). Keys that only say where things are written (the sweep folder, logger
+paths) never count, so a moved sweep folder resumes.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -51,41 +56,68 @@ def _read_summary(cfg: DictConfig) -> tuple[Path, dict[str, Any] | None]:
     return path, summary if isinstance(summary, dict) else None
 
 
-def _check_same(path: Path, summary: dict[str, Any], cfg: DictConfig) -> None:
-    stored = summary.get("config")
+class ResumeRefused(ConfigError):
+    """+resume_sweep=true met a job dir holding a run of another configuration: that job, and the sweep, stop."""
+
+
+def _check_same(path: Path, what: str, stored: Any, cfg: DictConfig) -> None:
     current = OmegaConf.to_container(cfg, resolve=True)
-    differences = config_differences(stored, current) if isinstance(stored, dict) else ["summary has no config"]
+    differences = config_differences(stored, current) if isinstance(stored, dict) else ["it records no config"]
     if differences:
         shown = "; ".join(differences[:3]) + (f"; … ({len(differences)} keys)" if len(differences) > 3 else "")
-        raise ConfigError(f"resume_sweep: {path} holds a {summary.get('status')} run of another configuration "
-                          f"({shown}); rerun the same grid in the same hydra.sweep.dir, or give a new sweep dir")
+        raise ResumeRefused(f"resume_sweep: {path} holds {what} of another configuration ({shown}); nothing was "
+                            "changed and no further job started; rerun the same grid in the same hydra.sweep.dir, "
+                            "or give a new sweep dir")
 
 
-def interrupted_run(cfg: DictConfig) -> Path | None:
-    """The job dir to resume in place when ``resume_sweep`` is set and this job's earlier run was interrupted with a
-    checkpoint (else None). Raises ConfigError when that run had another configuration."""
+@dataclass(frozen=True)
+class ResumePoint:
+    """A job dir whose unfinished run continues from its checkpoint, and how that run ended."""
+
+    job_dir: Path
+    how: str  # "was interrupted (SIGTERM at step 57)", "failed (…)", "ended without a summary (killed)"
+
+
+def unfinished_run(cfg: DictConfig) -> ResumePoint | None:
+    """When ``resume_sweep`` is set (and no ``ckpt_path``): this job's dir, if its earlier run did not finish but
+    left a checkpoint, else None. Raises ResumeRefused when that run had another configuration."""
     if not cfg.get("resume_sweep") or cfg.get("ckpt_path"):
         return None
+    job_dir = Path(cfg.paths.output_dir)
+    checkpoint = job_dir / "checkpoints" / "last.ckpt"
+    if not checkpoint.is_file():
+        return None
     path, summary = _read_summary(cfg)
-    if summary is None or summary.get("status") != "interrupted" or not summary.get("checkpoint"):
-        return None
-    if not (Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt").is_file():
-        return None
-    _check_same(path, summary, cfg)
-    return Path(cfg.paths.output_dir)
+    status = summary.get("status") if summary is not None else None
+    if status in FINISHED:
+        return None  # skip_finished's business
+    if status == "interrupted":
+        how = f"was interrupted ({summary.get('interrupted_by')} at step {summary.get('steps')})"
+    elif status == "failed":
+        how = f"failed ({str(summary.get('error'))[:120]})"
+    else:
+        how = "ended without a summary (killed)"
+    stored = summary.get("config") if summary is not None else None
+    if not isinstance(stored, dict):  # killed: the checkpoint records the configuration it was trained under
+        from altgrad.resume_check import RECORD, read_checkpoint
+
+        record = read_checkpoint(checkpoint).get(RECORD)
+        stored = record.get("config") if isinstance(record, dict) else None
+    _check_same(path if summary is not None else checkpoint, "an unfinished run", stored, cfg)
+    return ResumePoint(job_dir, how)
 
 
 def finished_run(cfg: DictConfig) -> dict[str, Any] | None:
     """The summary of this job's finished earlier run when ``resume_sweep`` is set, else None (run the job).
 
-    Raises ConfigError (a ValueError) when the job dir holds a finished run of another configuration.
+    Raises ResumeRefused (a ConfigError) when the job dir holds a finished run of another configuration.
     """
     if not cfg.get("resume_sweep"):
         return None
     path, summary = _read_summary(cfg)
     if summary is None or summary.get("status") not in FINISHED:
         return None
-    _check_same(path, summary, cfg)
+    _check_same(path, f"a {summary.get('status')} run", summary.get("config"), cfg)
     return summary
 
 

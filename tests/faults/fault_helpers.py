@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import re
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
+import lightning as L
 import torch
 
 REPO = Path(__file__).resolve().parents[2]
@@ -69,3 +72,54 @@ def metric_rows(run_dir: Path) -> list[dict[str, str]]:
 
 
 SIGNALS = {"SIGTERM": signal.SIGTERM, "SIGINT": signal.SIGINT, "SIGUSR1": signal.SIGUSR1}
+HERE = Path(__file__).resolve().parent
+
+
+def helper_env(env: dict[str, str]) -> dict[str, str]:
+    """`env` with this folder importable, so a run can take `SignalAt` as one of its callbacks."""
+    path = os.pathsep.join(p for p in (env.get("PYTHONPATH"), str(HERE)) if p)
+    return {**env, "PYTHONPATH": path}
+
+
+def signal_at(hook: str, signum: int, once: Path, step: int | None = None) -> list[str]:
+    """Overrides that make a run signal itself (`signum`; 9 is SIGKILL) at a Lightning hook (at `step`), the first
+    time only: `once` is created when it fires, so the same command run again goes through."""
+    args = ["+callbacks.signal_at._target_=fault_helpers.SignalAt", f"+callbacks.signal_at.hook={hook}",
+            f"+callbacks.signal_at.signum={int(signum)}", f"+callbacks.signal_at.once={once}"]
+    return args + ([f"+callbacks.signal_at.step={step}"] if step is not None else [])
+
+
+class SignalAt(L.Callback):
+    """Sends its own process a signal where a scheduler's could land: at `hook` (a Lightning callback hook), at
+    optimizer step `step` if given; only while the file `once` does not exist (it creates it)."""
+
+    HOOKS = ("on_sanity_check_start", "on_train_start", "on_train_batch_end", "on_validation_start",
+             "on_validation_end", "on_train_end")
+
+    def __init__(self, hook: str, signum: int, once: str, step: int | None = None) -> None:
+        if hook not in self.HOOKS:
+            raise ValueError(f"hook={hook!r}; valid: {', '.join(self.HOOKS)}")
+        self.hook, self.signum, self.once, self.step = hook, int(signum), Path(once), step
+
+    def _fire(self, hook: str, trainer: L.Trainer) -> None:
+        if hook == self.hook and (self.step is None or trainer.global_step == self.step) and not self.once.exists():
+            self.once.write_text(f"{hook} at step {trainer.global_step}\n")
+            os.kill(os.getpid(), self.signum)
+
+    def on_sanity_check_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._fire("on_sanity_check_start", trainer)
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._fire("on_train_start", trainer)
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
+        self._fire("on_train_batch_end", trainer)
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._fire("on_validation_start", trainer)
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._fire("on_validation_end", trainer)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._fire("on_train_end", trainer)

@@ -153,6 +153,25 @@ def test_plan_resume_names_the_keys_and_the_override_lets_it_through(tmp_path: P
     assert plan_resume(ckpt, _changed(**{"paths.output_dir": "/moved"}), 10).differences == []
 
 
+@pytest.mark.parametrize("status,finishes", [("interrupted", True), ("failed", True), (None, True),
+                                             ("completed", False), ("diverged", False)])
+def test_a_checkpoint_at_max_steps_is_finished_only_for_a_run_without_result(tmp_path: Path, status: str | None,
+                                                                            finishes: bool) -> None:
+    """Interrupted after its last step (before the final validation): resuming it finishes it. A run with a result
+    has nothing left to do, and a loose checkpoint file has no run to finish."""
+    (tmp_path / "checkpoints").mkdir()
+    ckpt = _checkpoint(tmp_path / "checkpoints" / "last.ckpt", BASE, step=4)
+    if status is not None:
+        (tmp_path / "summary.json").write_text(f'{{"status": "{status}", "steps": 4}}')
+    if finishes:
+        assert plan_resume(ckpt, BASE, max_steps=4).step == 4
+    else:
+        with pytest.raises(CheckpointError, match="nothing to train"):
+            plan_resume(ckpt, BASE, max_steps=4)
+    with pytest.raises(CheckpointError, match="nothing to train"):
+        plan_resume(_checkpoint(tmp_path / "loose.ckpt", BASE, step=4), BASE, max_steps=4)
+
+
 # --- run dirs ------------------------------------------------------------------------------------------------------
 def test_a_claimed_folder_is_refused_while_its_run_lives(tmp_path: Path) -> None:
     held = claim(tmp_path / "run", None)
@@ -165,7 +184,7 @@ def test_a_claimed_folder_is_refused_while_its_run_lives(tmp_path: Path) -> None
     claim(tmp_path / "run", None).release()
 
 
-@pytest.mark.parametrize("status", ["completed", "diverged", "interrupted"])
+@pytest.mark.parametrize("status", ["completed", "diverged"])
 def test_a_folder_with_results_is_refused_unless_resumed_there(tmp_path: Path, status: str) -> None:
     (tmp_path / "summary.json").write_text(f'{{"status": "{status}", "steps": 5}}')
     with pytest.raises(RunDirError, match=f"already holds a {status} run"):
@@ -173,9 +192,44 @@ def test_a_folder_with_results_is_refused_unless_resumed_there(tmp_path: Path, s
     check_free(tmp_path, tmp_path / "checkpoints" / "last.ckpt")
 
 
-def test_a_failed_runs_folder_may_be_reused(tmp_path: Path) -> None:
-    (tmp_path / "summary.json").write_text('{"status": "failed", "steps": 0}')
+@pytest.mark.parametrize("status", ["interrupted", "failed", None])
+def test_an_unfinished_runs_checkpoint_is_refused_unless_resumed_there(tmp_path: Path, status: str | None) -> None:
+    """Interrupted, failed or killed (no summary): its checkpoint is work a fresh run would overwrite."""
+    if status is not None:
+        (tmp_path / "summary.json").write_text(f'{{"status": "{status}", "steps": 5}}')
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "last.ckpt").write_bytes(b"state")
+    what = f"an? {status} run \\(5 steps\\)" if status else "a run that ended without a summary \\(killed\\)"
+    with pytest.raises(RunDirError, match=f"already holds {what} and its checkpoint; resume it with ckpt_path="):
+        check_free(tmp_path, None)
+    check_free(tmp_path, tmp_path / "checkpoints" / "last.ckpt")
+
+
+@pytest.mark.parametrize("status", ["failed", "interrupted"])
+def test_a_folder_whose_run_left_no_checkpoint_may_be_reused(tmp_path: Path, status: str) -> None:
+    """A run stopped before its first step (a signal in the sanity check, say) says 'rerun the same command'."""
+    (tmp_path / "summary.json").write_text(f'{{"status": "{status}", "steps": 0, "checkpoint": null}}')
     check_free(tmp_path, None)
+
+
+def test_a_claim_writes_nothing_until_the_run_commits(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoints").mkdir(parents=True)
+    (run_dir / "summary.json").write_text('{"status": "interrupted", "steps": 3}')
+    (run_dir / ".run.lock").write_text("pid 1 on elsewhere\n")
+    orphan = run_dir / "checkpoints" / ".last.ckpt.0123456789abcdef0123456789abcdef.tmp"
+    orphan.write_bytes(b"half a checkpoint")
+    (run_dir / "checkpoints" / "last.ckpt").write_bytes(b"state")
+    before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    held = claim(run_dir, run_dir / "checkpoints" / "last.ckpt")
+    try:
+        assert not held.fresh and {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before
+        held.commit()  # the run passed its checks: it says who holds the folder, and clears a killed writer's files
+        assert not orphan.exists() and (run_dir / "checkpoints" / "last.ckpt").read_bytes() == b"state"
+        assert (run_dir / ".run.lock").read_text().startswith(f"pid {os.getpid()} ")
+    finally:
+        held.release()
+    assert claim(tmp_path / "new", None).fresh
 
 
 # --- memory bound and range warning --------------------------------------------------------------------------------

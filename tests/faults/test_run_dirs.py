@@ -39,7 +39,7 @@ def test_two_runs_started_together_get_two_folders(tmp_path: Path, offline_env: 
 @pytest.mark.slow
 def test_two_runs_in_one_explicit_folder_one_is_refused(tmp_path: Path, offline_env: dict[str, str]) -> None:
     run_dir = tmp_path / "shared"
-    procs = [_start([*QUICK, f"hydra.run.dir={run_dir}"], offline_env, tmp_path) for _ in range(2)]
+    procs = [_start([*QUICK, f"seed={seed}", f"hydra.run.dir={run_dir}"], offline_env, tmp_path) for seed in (1, 2)]
     outs = [p.communicate(timeout=300) for p in procs]
     assert sorted(p.returncode for p in procs) == [0, 2], [o[1][-2000:] for o in outs]
     refused = outs[[p.returncode for p in procs].index(2)][1]
@@ -47,6 +47,10 @@ def test_two_runs_in_one_explicit_folder_one_is_refused(tmp_path: Path, offline_
     assert len(errors) == 1 and f"run dir {run_dir}" in errors[0] and "Traceback" not in refused
     assert "in use by a live run" in errors[0] or "already holds a completed run" in errors[0]
     assert summary(run_dir)["status"] == "completed" and _val_rows_at_step_0(run_dir) == 1
+    # the folder's record is the winner's: the loser wrote nothing (.hydra/ is written by the run that owns it)
+    winner = summary(run_dir)["seed"]
+    assert f"seed={winner}" in (run_dir / ".hydra" / "overrides.yaml").read_text()
+    assert f"\nseed: {winner}\n" in "\n" + (run_dir / ".hydra" / "config.yaml").read_text()
 
 
 @pytest.mark.slow  # the default suite checks the refusal in test_bad_inputs.py

@@ -3,6 +3,7 @@ a longer run of the same model, and the tuning seeds."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from altgrad.report.caveats import STILL_LEARNING, caveat_lines
@@ -16,7 +17,7 @@ def job(seed: int, curve: list[tuple[int, float]], *, fmt: str = "e4m3", optimiz
         lr: float = 3e-3, steps: int | None = None) -> Job:
     summary = {"steps": steps or curve[-1][0], "seed": seed, "format": fmt, "optimizer": optimizer,
                "optimizer_label": optimizer, "model": "nano", "data": "embedded", "lr": lr, "n_params": 820480,
-               "tokens_seen": 1228800, "config": CONFIG, "status": "completed"}
+               "tokens_seen": 1228800, "config": CONFIG, "status": "completed", "final_val_loss": curve[-1][1]}
     return Job(Path(f"/x/{fmt}-{optimizer}-{seed}"), f"{seed}", "completed", summary, (), tuple(curve))
 
 
@@ -30,11 +31,14 @@ def test_runs_still_falling_at_the_horizon_are_said_to_be_still_learning() -> No
     scope = [job(s, falling(1.0, 0.10)) for s in (1, 2, 3)]
     lines = caveat_lines(scope, scope)
     horizon = next(line for line in lines if line.startswith("Horizon"))
-    assert "H = 400 steps" in horizon and "still learning" in horizon and "10.0 %" in horizon
+    # 1.1 → 1.0 over the last quarter: 0.1 / 1.1 = 9.1 % of the loss at the start of that quarter (not 10 % of the end)
+    assert "H = 400 steps" in horizon and "still learning" in horizon and "median 9.1 %" in horizon
+    assert "relative to its value at step 300, the start of that quarter" in horizon
 
 
 def test_flat_runs_are_said_to_be_close_to_settled() -> None:
     scope = [job(s, falling(1.0, STILL_LEARNING / 3)) for s in (1, 2)]
+    assert all("still learning" not in line for line in caveat_lines(scope, scope))
     horizon = next(line for line in caveat_lines(scope, scope) if line.startswith("Horizon"))
     assert "close to settled" in horizon and "still learning" not in horizon
 
@@ -47,7 +51,7 @@ def test_scale_hardware_longer_run_and_tuning_seeds_are_stated() -> None:
     text = "\n".join(lines)
     assert "one model, nano (0.82 M parameters: 4 layers, width 128, context 128)" in text
     assert "Hardware: cpu, precision 32-true" in text
-    assert "validation loss 0.800 at step 400, 0.200 at step 1600 (75 % lower)" in text
+    assert "validation loss 0.800 at step 400, 0.200 at step 1600 (75 % below its value at step 400)" in text
     assert "picked on seed 101 (2 tuning runs), disjoint from the 2 evaluation seeds" in text
 
 
@@ -55,3 +59,32 @@ def test_without_a_declared_study_there_is_no_tuning_line() -> None:
     jobs = [job(s, falling(1.0, 0.1)) for s in (1, 2)] + [job(101, falling(1.0, 0.1))]
     assert not any(line.startswith("Tuning") for line in caveat_lines(jobs))
     assert caveat_lines([]) == []
+
+
+def test_storage_what_the_format_touches_and_the_data_are_read_from_the_runs() -> None:
+    config = {**CONFIG, "data": {"name": "embedded", "source": "embedded", "tokenizer": "bytes"}}
+    spec = {"format": {"name": "e4m3"}}
+    layers = {"h.0.attn": {"weight": spec, "input": spec, "grad": {"format": {"name": "e5m2"}}}}
+    scope = [replace(job(s, falling(1.0, 0.1)), layer_map=layers) for s in (1, 2)]
+    for j in scope:
+        j.summary["config"] = config
+    text = "\n".join(caveat_lines(scope, scope))
+    assert "every evaluated run keeps fp32 master weights" in text and "only through the step size" in text
+    assert ("What a format is applied to (the runs' layer_map.json): the weights, and the layer inputs "
+            "(activations) in every format; gradients in e5m2 (e4m3). A difference between formats is a difference "
+            "of weights, activations and gradients together") in text
+    assert "synthetic text from the package's embedded grammar generator" in text
+    on_grid = [replace(j, summary={**j.summary, "master": "none"}) for j in scope]
+    assert "keeps fp32 master" not in "\n".join(caveat_lines(on_grid, on_grid))
+
+
+def test_the_lr_scan_spacing_and_the_cliff_above_each_pick_are_stated() -> None:
+    scope = [job(s, falling(1.0, 0.1), lr=3e-3) for s in (1, 2)]
+    scan = [job(101, falling(loss, 0.1), lr=lr) for lr, loss in ((1e-3, 1.1), (3e-3, 1.0), (1e-2, 2.3))]
+    line = next(x for x in caveat_lines([*scope, *scan], scope) if x.startswith("Learning-rate scan"))
+    assert "adjacent scanned lrs are ×3–×3.3 apart" in line
+    assert "ended at 2.3–2.3× (median 2.3×) the loss at the evaluated lr (1 format × arm scans)" in line
+    assert "1 of the 1 picks sit one grid step below a loss cliff" in line
+    gentle = [job(101, falling(loss, 0.1), lr=lr) for lr, loss in ((1e-3, 1.1), (3e-3, 1.0), (1e-2, 1.2))]
+    line = next(x for x in caveat_lines([*scope, *gentle], scope) if x.startswith("Learning-rate scan"))
+    assert "cliff" not in line

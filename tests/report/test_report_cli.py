@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 import types
@@ -131,3 +132,74 @@ def test_cli_empty_dir_and_out_override(tmp_path: Path, capsys: pytest.CaptureFi
     with pytest.raises(SystemExit) as exc:
         main([])
     assert exc.value.code == 2
+
+
+def declared_study(root: Path) -> Path:
+    """A small declared study on disk: its evaluation (seeds 1–3), the reference rerun at a hand-set lr on the same
+    seeds, and the tuning scans on seed 101 (another experiment, no declaration)."""
+    declaration = {"metric": "final_val_loss", "horizon": 50, "formats": ["e4m3", "e5m2"], "tie_margin": 0.02,
+                   "contrasts": [{"treatment": "manifold[update]", "reference": "adamw"}]}
+    config = {"endpoint": declaration, "trainer": {"max_steps": 50}}
+    gains = {"e4m3": -0.3, "e5m2": -0.1}
+    for fmt, gain in gains.items():
+        for seed in (1, 2, 3):
+            base = 3.0 + 0.02 * seed
+            write_job(root / "eval" / f"{fmt}-a-{seed}", fmt=fmt, optimizer="adamw", seed=seed, final=base, lr=1e-3,
+                      experiment="study", config=dict(config, format={"name": fmt}))
+            write_job(root / "eval" / f"{fmt}-m-{seed}", fmt=fmt, optimizer="manifold", seed=seed, lr=1.0,
+                      final=base + gain + 0.01 * (seed % 2), experiment="study", config=dict(config, format={"name": fmt}))
+            rerun = write_job(root / "eval_lr" / f"{fmt}-a-{seed}", fmt=fmt, optimizer="adamw", seed=seed, lr=2e-3,
+                              final=base + gain / 2, experiment="study", config=dict(config, format={"name": fmt}))
+            (rerun / ".hydra" / "overrides.yaml").write_text(f"- format={fmt}\n- optimizer=adamw\n- seed={seed}\n"
+                                                             "- optimizer.lr=0.002\n")
+        for opt, lrs in (("adamw", (3e-4, 1e-3, 3e-3)), ("manifold", (0.3, 1.0, 3.0))):
+            for lr in lrs:
+                write_job(root / "tune" / f"{fmt}-{opt}-{lr:g}", fmt=fmt, optimizer=opt, seed=101, lr=lr,
+                          final=3.0 + abs(math.log10(lr / (1e-3 if opt == "adamw" else 1.0))), experiment="tune",
+                          config={"trainer": {"max_steps": 50}, "format": {"name": fmt}})
+    return root
+
+
+def test_a_declared_study_report_with_its_lr_sensitivity_regenerates_byte_for_byte(tmp_path: Path) -> None:
+    runs = declared_study(tmp_path / "runs")
+    first = write_report([runs], tmp_path / "out1").read_text()
+    second = write_report([runs], tmp_path / "out2").read_text()
+    assert first.replace("out1", "") == second.replace("out2", "")
+    for name in ("val_loss.png", "lr_loss.png", "study_by_mantissa.png"):
+        assert (tmp_path / "out1" / name).read_bytes() == (tmp_path / "out2" / name).read_bytes()
+        assert f"]({name})" in first
+    assert "### Sensitivity to the reference's lr" in first
+    assert "| manifold[update] − adamw | e4m3 | evaluation | 1–3 | 0.002 |" in first
+    assert "| manifold[update] − adamw | e4m3 | tuning | 101 | 0.001 (declared) |" in first
+    assert "Note: 6 run(s) of the declaration set their lr by hand" in first
+    # e4m3: Δ = −0.3 + 0.01·(1, 0, 1)/3 = −0.2933 declared; the rerun halves the gap: −0.15 + 0.0067 = −0.1433
+    assert "e4m3 (Δ = -0.2933, adjusted p = 0.000258; against adamw at lr 0.002 instead: Δ = -0.1433" in first
+    assert "Sensitivity on the tuning seed 101 (one run per lr, no CI): adamw's loss at its declared lr 0.001 was " \
+           "the lowest of its scanned neighbours (0.0003, 0.003) in 2 of 2 formats" in first
+
+
+def test_an_arm_keeps_its_colour_in_every_figure() -> None:
+    from altgrad.report.plots import arm_palette
+
+    one = arm_palette(["relative", "adamw", "manifold[update]"])
+    two = arm_palette(["manifold[update]", "adamw", "relative", "adamw"])
+    assert one == two and list(one) == ["adamw", "manifold[update]", "relative"]
+    assert len(set(one.values())) == 3
+
+
+def test_an_undeclared_lr_scan_goes_to_the_lr_figure_and_its_best_lr_to_the_curves(tmp_path: Path) -> None:
+    from altgrad.report.cells import group_cells
+    from altgrad.report.document import scans_and_picks
+    from altgrad.report.load import load_sweeps
+
+    for seed in (0, 1):
+        for lr, loss in ((1e-3, 3.2), (3e-3, 3.0), (1e-2, 3.6)):
+            write_job(tmp_path / "s" / f"a{lr:g}-{seed}", fmt="e4m3", optimizer="adamw", seed=seed, lr=lr,
+                      final=loss + 0.01 * seed)
+        write_job(tmp_path / "s" / f"m-{seed}", fmt="e4m3", optimizer="manifold", seed=seed, lr=0.3, final=2.9)
+    cells = group_cells(load_sweeps([tmp_path / "s"]).jobs)
+    shown, scans = scans_and_picks(cells)
+    assert [(c["optimizer_label"], c["lr"]) for c in shown] == [("adamw", 3e-3), ("manifold[update]", 0.3)]
+    assert len(scans) == 6 and {j.optimizer_label for j in scans} == {"adamw"}
+    text = write_report([tmp_path / "s"], tmp_path / "out").read_text()
+    assert "](lr_loss.png)" in text and (tmp_path / "out" / "lr_loss.png").stat().st_size > 1000

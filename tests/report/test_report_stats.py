@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 
+import numpy as np
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
@@ -16,11 +17,13 @@ from altgrad.report.stats import (
     paired_difference,
     pooled_sd,
     regularized_incomplete_beta,
+    single_test_level,
     spearman,
     student_t_cdf,
     summarize,
     t_critical,
     t_test,
+    tost_seeds_needed,
 )
 
 
@@ -205,3 +208,33 @@ def test_bootstrap_top_rank() -> None:
     close = bootstrap_top_rank({"a": {0: -1.0, 1: 0.0, 2: -0.5}, "b": {0: -0.5, 1: -0.4, 2: -0.6}})
     assert sum(close.values()) == pytest.approx(1.0) and 0.1 < close["a"] < 0.9
     assert bootstrap_top_rank({"a": {0: 1.0}}) == {}
+
+
+def test_seeds_an_equivalence_test_needs_worked_example() -> None:
+    """Paired SD 0.03, margin ±0.02, Holm over 12 tests at α = 0.05 (one-sided level 0.05/12), 80 % power:
+    n ≥ (t(1 − 0.05/12, n − 1) + t(0.9, n − 1))² · (0.03/0.02)². At n = 37: (2.7920 + 1.3055)² · 2.25 = 37.78 > 37;
+    at n = 38: (2.7876 + 1.3049)² · 2.25 = 37.68 ≤ 38, so 38 seed pairs (the normal approximation gives 35)."""
+    level = single_test_level("holm", 0.05, 12)
+    assert level == pytest.approx(0.05 / 12)
+    assert t_critical(37, 1 - 2 * level) == pytest.approx(2.7876, abs=1e-4)
+    assert t_critical(37, 0.8) == pytest.approx(1.3049, abs=1e-4)
+    assert tost_seeds_needed(0.03, 0.02, level) == 38
+    assert tost_seeds_needed(0.03, 0.02, 0.05) == 21  # uncorrected: fewer
+    assert tost_seeds_needed(0.0, 0.02, level) is None and tost_seeds_needed(float("nan"), 0.02, level) is None
+    assert single_test_level("none", 0.05, 12) == 0.05 and single_test_level("bh", 0.05, 4) == 0.0125
+
+
+def test_the_seeds_needed_give_the_stated_power() -> None:
+    """Monte Carlo: at the computed n a TOST with a true Δ of 0 rejects ≈ 80 % of the time, with fewer seeds less."""
+    rng = np.random.default_rng(0)
+    sd, margin, level = 0.03, 0.02, 0.05 / 12
+
+    def power(n: int) -> float:
+        x = rng.normal(0.0, sd, (20000, n))
+        half = t_critical(n - 1, 1 - 2 * level) * x.std(axis=1, ddof=1) / np.sqrt(n)
+        return float(np.mean(np.abs(x.mean(axis=1)) + half < margin))  # the (1 − 2α') CI inside ±margin
+
+    n = tost_seeds_needed(sd, margin, level)
+    assert 0.77 <= power(n) <= 0.85
+    assert power(n - 8) < 0.7
+    assert t_test(list(rng.normal(0.0, sd, 5))).tost_p(margin) > level  # 5 seeds: hopeless, as it says

@@ -11,8 +11,10 @@ import pytest
 from report_synthetic import write_job
 
 from altgrad.report.endpoint import Contrast, parse_endpoint
-from altgrad.report.findings import study_lines
+from altgrad.report.findings import direction, sensitivity_lines, study_lines, study_why_lines
 from altgrad.report.load import Job, load_sweeps
+from altgrad.report.sensitivity import neighbours
+from altgrad.report.stats import tost_seeds_needed
 from altgrad.report.study import analyse, declared_endpoints, endpoint_problems, grid_classes
 
 FORMATS = ("e3m4", "e4m3", "e5m2", "e7m0")
@@ -259,8 +261,6 @@ def test_the_study_is_plotted_against_mantissa_bits(tmp_path: Path) -> None:
 
 
 def test_the_why_is_read_from_the_study_arms_and_stays_exploratory() -> None:
-    from altgrad.report.findings import study_why_lines
-
     jobs = study({(f, "manifold[update]"): d for f, d in zip(FORMATS, (-0.02, -0.1, -0.2, -0.4))},
                  np.random.default_rng(11))
     share = dict(zip(FORMATS, (0.2, 0.4, 0.6, 0.9)))  # more of AdamW's update below ½ ULP where the gain is larger
@@ -268,11 +268,114 @@ def test_the_why_is_read_from_the_study_arms_and_stays_exploratory() -> None:
         j.summary["diagnostics"] = {"sub_half_ulp_share": share[j.format] if j.optimizer == "adamw" else 0.05,
                                     "mean_stall_ratio": 0.5}
     lines = study_why_lines(run(jobs))
-    assert lines[0].startswith("Why (exploratory, outside the declared family): across 4 formats, Spearman ρ "
-                               "between adamw's share of updates < ½ ULP and Δ(manifold[update] − adamw) = -1.00")
-    assert "no association established" in lines[0]  # 4 points: the exact p is 1/24 · 2 > 0.05 at best
-    assert not any("stall ratio and" in line for line in lines)  # constant: no correlation to state
+    assert lines[0].startswith("Why (exploratory, outside the declared family): 1 rank correlation(s) of a "
+                               "mechanism metric of adamw with Δ(manifold[update] − adamw) across n = 4 formats")
+    assert lines[1].startswith("Why: adamw's share of updates < ½ ULP vs Δ(manifold[update] − adamw), 4 formats: "
+                               "Spearman ρ = -1.00, p = 0.0833, Holm p = 0.0833 — the higher adamw's share of updates "
+                               "< ½ ULP, the lower Δ (more gain from the treatment)")
+    assert "no association established" in lines[1]  # 4 points: the exact p is 1/24 · 2 > 0.05 at best
+    assert not any("stall ratio vs" in line for line in lines)  # constant: no correlation to state
     assert "e7m0 (Δ = " in lines[-1] and "share of updates < ½ ULP 0.9 → 0.05" in lines[-1]
     bare = run(study({}, np.random.default_rng(1)))
     assert study_why_lines(bare) == ["No mechanism diagnostics were recorded in the study's summaries, so it cannot "
                                      "show why."]
+
+
+def test_a_correlation_sentence_follows_the_sign_of_rho() -> None:
+    """The why lines once printed "negative ρ: the higher …, the more the treatment gains" beside ρ = +0.94."""
+    assert direction(0.94, "x") == "the higher x, the higher Δ (less gain, or more harm, from the treatment)"
+    assert direction(-0.83, "x") == "the higher x, the lower Δ (more gain from the treatment)"
+    gains = dict(zip(FORMATS, (-0.02, -0.1, -0.2, -0.4)))
+    sentences = {}
+    for sign, shares in ((+1, (0.9, 0.6, 0.4, 0.2)), (-1, (0.2, 0.4, 0.6, 0.9))):
+        jobs = study({(f, "manifold[update]"): d for f, d in gains.items()}, np.random.default_rng(11))
+        share = dict(zip(FORMATS, shares))  # +1: more sub-½-ULP updates where the gain is *smaller*
+        for j in jobs:
+            j.summary["diagnostics"] = {"sub_half_ulp_share": share[j.format] if j.optimizer == "adamw" else 0.05}
+        (line,) = [x for x in study_why_lines(run(jobs)) if x.startswith("Why: adamw's share")]
+        assert f"Spearman ρ = {sign:+.2f}" in line
+        sentences[sign] = line.split(" — ")[1]
+    assert sentences[+1].startswith("the higher adamw's share of updates < ½ ULP, the higher Δ (less gain")
+    assert sentences[-1].startswith("the higher adamw's share of updates < ½ ULP, the lower Δ (more gain")
+
+
+def test_the_why_correlations_are_corrected_as_a_family() -> None:
+    jobs = study({(f, "manifold[update]"): d for f, d in zip(FORMATS, (-0.02, -0.1, -0.2, -0.4))},
+                 np.random.default_rng(12))
+    order = dict(zip(FORMATS, range(4)))
+    for j in jobs:
+        k = order[j.format]
+        j.summary["diagnostics"] = ({"sub_half_ulp_share": 0.2 + 0.2 * k, "ulp_update_q50": 1.0 - 0.2 * k,
+                                     "mean_stall_ratio": (0.3, 0.1, 0.4, 0.2)[k]} if j.optimizer == "adamw" else {})
+    lines = study_why_lines(run(jobs))
+    assert "Holm-corrected over these 3" in lines[0]
+    stated = [x for x in lines if x.startswith("Why: adamw's")]
+    raw = [float(x.split(", p = ")[1].split(",")[0]) for x in stated]
+    adjusted = [float(x.split("Holm p = ")[1].split(" ")[0]) for x in stated]
+    assert len(stated) == 3 and all(a >= r for a, r in zip(adjusted, raw)) and max(adjusted) > min(raw)
+    assert any("properties of the format (Spearman ρ with mantissa bits" in x for x in lines)
+
+
+def test_an_underpowered_equivalence_test_says_how_many_seeds_it_needs() -> None:
+    rng = np.random.default_rng(14)
+    result = run(study({}, rng, noise=0.02))  # no effect, 5 seeds, paired SD ≈ 0.03 against a ±0.02 margin
+    level = 0.05 / 8  # Holm over 8 tests: the level a test is sure to get
+    assert result.single_test_level == pytest.approx(level)
+    for c in result.comparisons:
+        assert c.verdict == "not established" and c.underpowered
+        assert c.equivalence_seeds == tost_seeds_needed(c.paired_sd, 0.02, level) > 5
+    lines = study_lines(result)
+    (line,) = [x for x in lines if x.startswith("manifold[update] − relative:")]
+    needs = ", ".join(f"{c.equivalence_seeds} ({c.format})" for c in result.of(result.endpoint.contrasts[1]))
+    assert (f"the equivalence test (TOST ±0.02) is underpowered at 5 seed pairs: needs ≈ {needs} seeds (80 % power "
+            "at a true Δ of 0, one-sided level 0.00625 under holm") in line
+    assert line.endswith("absence of evidence, not evidence of no difference.")
+    tight = run(study({}, np.random.default_rng(3), noise=0.002, seeds=6))
+    assert not any(c.underpowered for c in tight.comparisons)  # enough seeds: a tie is shown instead
+    assert not any("underpowered" in x for x in study_lines(tight))
+
+
+def test_the_tie_margin_is_stated_in_nats_and_as_a_share_of_the_losses() -> None:
+    result = run(study({("e7m0", "manifold[update]"): -1.0}, np.random.default_rng(14)))
+    means = [float(np.mean(list(a.values.values()))) for a in result.arms.values()]
+    line = next(x for x in study_lines(result) if x.startswith("Tie margin"))
+    assert line == (f"Tie margin: ±0.02 nats of validation loss, absolute (the same for every format): "
+                    f"{100 * 0.02 / max(means):.1f}–{100 * 0.02 / min(means):.1f} % of the family's arm mean losses "
+                    f"({min(means):.3f}–{max(means):.3f}, the base of these percentages).")
+
+
+def test_runs_at_a_hand_set_lr_are_kept_out_and_shown_beside_the_claim() -> None:
+    from dataclasses import replace
+
+    rng = np.random.default_rng(15)
+    jobs = study({("e5m2", "manifold[update]"): -0.3}, rng)
+    plain = run(jobs)
+    # the reference rerun at a better lr on the evaluation seeds, set by hand: half the gap
+    ref = plain.arms[("e5m2", "adamw")].values
+    jobs += [replace(job("e5m2", "adamw", s, ref[s] - 0.15 + 0.01 * (s % 2), lr=5e-3),
+                     overrides=("optimizer=adamw", "optimizer.lr=0.005")) for s in range(5)]
+    # tuning seed 101: adamw at 3e-4, 1e-3 (the declared lr), 3e-3 and 1e-2, manifold at its declared lr
+    tuning = [job("e5m2", "adamw", 101, loss, lr=lr) for lr, loss in ((3e-4, 3.5), (1e-3, 3.1), (3e-3, 3.2),
+                                                                      (1e-2, 6.0))]
+    tuning.append(job("e5m2", "manifold[update]", 101, 2.8))
+    result = run(jobs)
+    assert result.arms[("e5m2", "adamw")].lrs == (1e-3,) and len(result.off_lr) == 5
+    assert [c.verdict for c in result.comparisons] == [c.verdict for c in plain.comparisons]
+    assert any("5 run(s) of the declaration set their lr by hand" in n for n in result.notes)
+    near = neighbours(result, tuning)
+    (evaluation,) = [n for n in near if n.source == "evaluation"]
+    assert evaluation.format == "e5m2" and evaluation.lr == 5e-3 and evaluation.seeds == (0, 1, 2, 3, 4)
+    declared = next(c for c in result.comparisons if c.format == "e5m2").test.mean
+    assert evaluation.delta.mean == pytest.approx(declared + 0.15 - 0.004)
+    rows = [(n.lr, n.delta.mean) for n in near if n.source == "tuning" and n.contrast.reference == "adamw"]
+    assert rows == [(3e-4, pytest.approx(-0.7)), (1e-3, pytest.approx(-0.3)), (3e-3, pytest.approx(-0.4))]
+    lines = study_lines(result, near=near)
+    claim = next(x for x in lines if x.startswith("manifold[update] − adamw: lower loss"))
+    assert "e5m2 (Δ = " in claim and "; against adamw at lr 0.005 instead: Δ = " in claim
+    grid = next(x for x in sensitivity_lines(result, near) if x.startswith("Sensitivity to the lr grid"))
+    share = 100 * evaluation.delta.mean / declared
+    assert f"e5m2: Δ = {evaluation.delta.mean:+.4f}, 95% CI [" in grid
+    assert f"5 seed pairs — {share:.0f} % of the declared Δ ({declared:+.4f})" in grid
+    seed = next(x for x in sensitivity_lines(result, near) if x.startswith("Sensitivity on the tuning seed 101"))
+    assert "(one run per lr, no CI)" in seed and "was the lowest of its scanned neighbours (0.0003, 0.003) in 1 of 1" \
+        in seed
