@@ -36,6 +36,11 @@ import torch
 
 from altgrad.quant import kernel_abi
 
+try:
+    import fcntl
+except ImportError:  # Unix only: elsewhere concurrent builds are not serialized (each renames a whole file in)
+    fcntl = None
+
 SOURCE = Path(__file__).with_name("native_kernel.cpp")
 FLAGS = ("-O3", "-march=native", "-fno-fast-math", "-ffp-contract=off", "-fopenmp", "-std=c++17", "-shared",
          "-fPIC")
@@ -195,6 +200,39 @@ def _import(name: str, path: Path) -> ModuleType:
     return module
 
 
+def _build_linear(name: str, folder: Path, built: Path, failed: Path) -> ModuleType | None:
+    """Build the extension into ``built`` under a lock on ``folder`` (a second process building the same waits, then
+    loads what the first built), in a private build folder renamed into place whole (a crash leaves no half-written
+    library and no stale lock); a failed build is recorded in ``failed`` so later processes do not build it again.
+    Returns the module it built and loaded, or None where another process had built it meanwhile."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / "build.lock", "a") as lock:
+        if fcntl is not None:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released by the kernel when this process ends, however it ends
+        if built.exists():
+            return None
+        _refuse_failed(failed)
+        import torch.utils.cpp_extension as cpp
+
+        with tempfile.TemporaryDirectory(prefix="build-", dir=folder) as tmp:
+            try:
+                module = cpp.load(name, [str(LINEAR_SOURCE)], extra_cflags=list(LINEAR_FLAGS), build_directory=tmp,
+                                  verbose=False)
+            except (OSError, ImportError, RuntimeError, subprocess.SubprocessError) as err:
+                note = failed.with_suffix(".tmp")
+                note.write_text(f"{type(err).__name__}: {str(err).strip()[-2000:]}\n")
+                os.replace(note, failed)
+                raise
+            os.replace(Path(tmp) / f"{name}{Path(built).suffix}", built)  # loaded already: the mapping stays
+        return module
+
+
+def _refuse_failed(failed: Path) -> None:
+    if failed.exists():
+        raise RuntimeError(f"its build failed before ({failed.read_text().strip()[-300:]}); delete {failed.parent} "
+                           "to build it again")
+
+
 def _load_linear() -> None:
     found, reason = None, ""
     try:
@@ -205,15 +243,14 @@ def _load_linear() -> None:
             raise RuntimeError(f"no C++ compiler {_compiler()!r} on PATH (set CXX to one)")
         name = _linear_name(compiler)
         folder = cache_dir() / name
-        built = folder / f"{name}.so"
-        if built.exists():  # a build of this very source: imported without asking ninja again
+        built, failed = folder / f"{name}.so", folder / "failed"
+        if not built.exists():
+            _refuse_failed(failed)  # without waiting for the lock or importing the build tools
+            if shutil.which("ninja") is None:
+                raise RuntimeError("no ninja on PATH (torch.utils.cpp_extension builds with it; pip install ninja)")
+            found = _build_linear(name, folder, built, failed)
+        if found is None:  # a build of this very source: imported without asking ninja again
             found = _import(name, built)
-        else:
-            import torch.utils.cpp_extension as cpp
-
-            folder.mkdir(parents=True, exist_ok=True)
-            found = cpp.load(name, [str(LINEAR_SOURCE)], extra_cflags=list(LINEAR_FLAGS), build_directory=str(folder),
-                             verbose=False)
         if found.STOCHASTIC != ROUNDING_CODES["stochastic"]:
             raise RuntimeError(f"{name} was built with another rounding table; delete {folder} to rebuild")
     except (OSError, ImportError, RuntimeError, subprocess.SubprocessError) as err:
@@ -321,7 +358,8 @@ def plan(k: NativeKernel, params: torch.Tensor, rounding: str, variant_flags: in
     ``set_stats(tensor or None)``."""
     ext = linear_ext()
     if ext is None:
-        return CallPlan(k, params, rounding, variant_flags, kind, pow2, consts, scale, history, reduce_max, stats, holds)
+        return CallPlan(k, params, rounding, variant_flags, kind, pow2, consts, scale, history, reduce_max, stats,
+                        holds)
     return ext.Plan(k.address, params, ROUNDING_CODES[rounding], variant_flags, KINDS[kind], pow2, consts, scale,
                     history, reduce_max, stats)
 

@@ -11,7 +11,6 @@ import abc
 import math
 
 import torch
-from torch import nn
 
 from altgrad.quant.changes import Watched
 from altgrad.quant.device_constants import device_constant
