@@ -16,6 +16,9 @@ them changes (changes.COUNT), so a call costs a few attribute reads before the n
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
@@ -25,10 +28,25 @@ from altgrad.quant import changes, native
 from altgrad.quant.fake_quant import _seed_for
 
 
-def _hooked(q: torch.nn.Module | None) -> bool:
-    """Whether calling q's ``quantize_now`` directly would skip a hook registered on the module."""
-    return q is not None and bool(q._forward_hooks or q._forward_pre_hooks or q._backward_hooks
-                                  or q._backward_pre_hooks)
+ROADS = ("auto", "python", "modules")
+"""How QuantLinear's eager CPU training calls run (``road``): ``auto`` (the C++ node where it serves, else the Python
+node), ``python`` (the Python node), ``modules`` (the quantizer modules around F.linear); the same bits on each."""
+
+_ROAD = ["auto"]
+
+
+@contextlib.contextmanager
+def road(name: str) -> Iterator[None]:
+    """Inside the block, QuantLinear's training calls take the road ``name`` (ROADS): benchmarks and tests compare
+    them; nothing else needs to (the bits are the same)."""
+    if name not in ROADS:
+        raise ValueError(f"road {name!r} is not valid; valid: {', '.join(ROADS)}")
+    before = _ROAD[0]
+    _ROAD[0] = name
+    try:
+        yield
+    finally:
+        _ROAD[0] = before
 
 
 def takes(layer: torch.nn.Module, x: torch.Tensor) -> bool:
@@ -67,19 +85,20 @@ def forward(layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor | None:
     """``layer(x)`` as one node, or None where it cannot serve (no grad, autocast, an operand the node does not take,
     a hook on a quantizer; the caller then takes the module road): the C++ node where the extension is built and
     every active quantizer has its ``node_plan``, else the Python node."""
-    if not torch.is_grad_enabled() or type(x) not in (torch.Tensor, torch.nn.Parameter):
+    chosen = _ROAD[0]
+    if chosen == "modules" or not torch.is_grad_enabled() or type(x) not in (torch.Tensor, torch.nn.Parameter):
         return None
     got = layer.__dict__.get("_one_node")
     built = native._LINEAR
     if got is None or got.count != changes.COUNT[0] or got.ext is not (built[0] if built else None):
         got = _Resolved(layer)
         layer.__dict__["_one_node"] = got  # beside nn.Module's registries: not state, not copied by state_dict
-    for q in got.quantizers:
+    for q in got.quantizers:  # a hook on a quantizer module fires only on the module road
         if q._forward_hooks or q._forward_pre_hooks or q._backward_hooks or q._backward_pre_hooks:
             return None
     if _module._global_forward_hooks or _module._global_forward_pre_hooks:
         return None
-    if got.ext is not None:
+    if got.ext is not None and chosen == "auto":
         params = layer._parameters
         if layer.weight_cache is not None:
             layer.weight_cache = None  # a training call: nothing is reused (QuantLinear.quantized_weight)
@@ -131,10 +150,9 @@ class QuantLinearFunction(torch.autograd.Function):
         dx = dw = db = None
         if need_x:
             # mm_mat1_backward(g, mat2 = Wᵀ, mat1 = the folded input): a column-major input gets (W·gᵀ)ᵀ
+            # (only a 1 × 1 one is, among contiguous inputs)
             shape = ctx.x_shape
-            rows = shape.numel() // shape[-1] if shape.numel() else 0
-            column_major = shape[-1] == 1 and rows == 1
-            dx = (w.t().mm(g2.t()).t() if column_major else g2.mm(w)).reshape(shape)
+            dx = (w.t().mm(g2.t()).t() if shape.numel() == 1 else g2.mm(w)).reshape(shape)
         if need_w:
             # mm_mat2_backward(g, mat1, mat2 = Wᵀ): Wᵀ of a contiguous W is column-major, so (gᵀ·x)ᵀ, then Wᵀ's
             # transpose node turns it back: gᵀ·x

@@ -295,3 +295,28 @@ def test_a_change_after_the_first_call_is_seen(node: str) -> None:
     a, b = run(copied, x0 * 3, g, True, 0), run(copied_ref, x0 * 3, g, True, 0)
     assert one_node(a["node"], node) and all(same(a[k], b[k]) for k in ("y", "dx", "dw"))
     assert all(same(u, v) for u, v in zip(state_of(layer), before))  # the copy wrote its own buffers
+
+
+def test_every_road_gives_the_same_bits_and_names_its_node() -> None:
+    """linear_node.road picks the C++ node (auto, where the extension is built), the Python node or the module road
+    for one layer in training: outputs, every gradient, scaler state and the RNG stream equal on all three."""
+    from altgrad.quant import linear_node
+
+    torch.manual_seed(0)
+    layer = QuantLinear(nn.Linear(24, 40), "layer", **ROLES["stochastic everywhere"])
+    x0, g = torch.randn(3, 7, 24), torch.randn(3, 7, 40)
+    built = native.kernel() is not None and native.linear_ext() is not None
+    nodes = {"auto": "CppNode<altgrad::QuantLinearFn>" if built else "QuantLinearFunctionBackward",
+             "python": "QuantLinearFunctionBackward", "modules": "_QuantGradBackward"}
+    got = {}
+    for name in linear_node.ROADS:
+        copied = copy.deepcopy(layer)
+        with linear_node.road(name):
+            got[name] = run(copied, x0, g, True, 0)
+        assert nodes[name] in got[name]["node"].grad_fn.name(), name
+    for name in ("python", "modules"):
+        assert all(same(got["auto"][k], got[name][k]) for k in ("y", "dx", "dw", "db", "rng")), name
+        assert all(same(u, v) for u, v in zip(got["auto"]["buffers"], got[name]["buffers"])), name
+    with pytest.raises(ValueError, match="road 'fast' is not valid; valid: auto, python, modules"):
+        with linear_node.road("fast"):
+            pass
