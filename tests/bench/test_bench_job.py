@@ -129,11 +129,30 @@ def test_bench_runs_whole_jobs_in_every_setting_and_writes_the_page(tmp_path: Pa
 def test_calls_micro_bench_splits_a_call_into_its_layers() -> None:
     from altgrad.bench.calls import call_rows
 
-    got = dict(call_rows(1024, calls=3, repeats=1))
+    got = call_rows(1024, calls=3, repeats=1)
+    names = [name for name, _, _ in got]
     layers = ["forward", "forward, autograd", "forward, autograd + statistics", "forward, autograd, eager road"]
     if native.kernel() is not None:
-        layers = ["ctypes (8 elements)", "kernel", "native.quant_call", "quantize_now", *layers]
-    assert list(got) == layers and all(v > 0 for v in got.values())
+        first = ["kernel through ctypes, 8 elements", "kernel through ctypes", "native.quant_call (ctypes)"]
+        if native.linear_ext() is not None:
+            first.append("Plan (extension)")
+        layers = [*first, "quantize_now", *layers]
+    assert names == layers and all(v > 0 for _, v, _ in got)
+    assert all(base is None or names.index(base) < names.index(name) for name, _, base in got)
+
+
+def test_calls_micro_bench_times_every_road_of_a_layer_and_a_step() -> None:
+    from altgrad.bench.calls import layer_rows, step_rows
+    from altgrad.quant import linear_node
+
+    layers = layer_rows(repeats=1, calls=2)
+    built = native.kernel() is not None and native.linear_ext() is not None
+    auto = "C++ node" if built else "auto (no extension: Python node)"
+    assert [name.split(", ", 1)[1] for name, _, _ in layers[:4]] == ["nn.Linear", auto, "Python node", "module road"]
+    assert len(layers) == 8 and all(v > 0 for _, v, _ in layers) and layers[0][2] == 0
+    steps = dict(step_rows(steps=1, repeats=1))
+    assert len(steps) == 1 + 2 * len(linear_node.ROADS) and steps["step, fp32"] > 0
+    assert f"in a step, per call (51 calls), {auto}" in steps
 
 
 def test_bench_refuses_an_unknown_configuration() -> None:
