@@ -110,3 +110,29 @@ def test_concurrent_builds_build_once_and_leftovers_block_nothing(monkeypatch: p
     assert built.read_bytes() == b"library" and not failed.exists()
     assert sorted(p.name for p in folder.iterdir()) == sorted(["build-left-by-a-killed-process", "build.lock",
                                                                 built.name])
+
+
+@pytest.mark.filterwarnings("default")
+@pytest.mark.parametrize("missing", ["compiler", "ninja"])
+def test_a_missing_tool_warns_once_and_records_nothing(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                       missing: str) -> None:
+    """No compiler (so no kernel either) or no ninja: one warning naming it, and nothing written to the cache (the
+    next process looks again: the tool may have been installed meanwhile)."""
+    if native.kernel() is None:
+        pytest.skip("no native kernel here")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(native, "_LINEAR", [])
+    if missing == "compiler":
+        monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+        monkeypatch.setattr(native, "_KERNEL", [])
+    else:
+        real_which = shutil.which
+        monkeypatch.setattr(native.shutil, "which", lambda cmd, *a, **k: None if cmd == "ninja" else real_which(cmd))
+        monkeypatch.setattr(native, "LINEAR_SOURCE", tmp_path / "native_linear.cpp")  # not in any cache
+        native.LINEAR_SOURCE.write_text("// not built\n")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert native.linear_ext() is None and native.linear_ext() is None
+    said = [str(w.message) for w in caught if "native Linear extension" in str(w.message)]
+    assert len(said) == 1 and ("native kernel is unavailable" if missing == "compiler" else "no ninja") in said[0]
+    assert not list(tmp_path.rglob("failed")) and not list(tmp_path.rglob("altgrad_quant_linear_*"))
