@@ -96,6 +96,7 @@ def test_targets_table_has_a_column_per_setting() -> None:
     assert lines[3].endswith("| wall 1.050, tok/s 1.042: met | wall 1.200, tok/s 1.250: missed |")
 
 
+@pytest.mark.slow
 def test_bench_runs_whole_jobs_in_every_setting_and_writes_the_page(tmp_path: Path,
                                                                      offline_env: dict[str, str]) -> None:
     md, keep = tmp_path / "job.md", tmp_path / "runs"
@@ -126,6 +127,7 @@ def test_bench_runs_whole_jobs_in_every_setting_and_writes_the_page(tmp_path: Pa
     assert ref["steps"] == 4 and ref["final_val_loss"] < ref["initial_val_loss"]
 
 
+@pytest.mark.slow
 def test_calls_micro_bench_splits_a_call_into_its_layers() -> None:
     from altgrad.bench.calls import call_rows
 
@@ -141,6 +143,7 @@ def test_calls_micro_bench_splits_a_call_into_its_layers() -> None:
     assert all(base is None or names.index(base) < names.index(name) for name, _, base in got)
 
 
+@pytest.mark.slow
 def test_calls_micro_bench_times_every_road_of_a_layer_and_a_step() -> None:
     from altgrad.bench.calls import layer_rows, step_rows
     from altgrad.quant import linear_node

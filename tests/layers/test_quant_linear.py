@@ -105,6 +105,7 @@ def test_master_none_keeps_every_quantized_weight_on_its_grid():
     assert not torch.equal(model.transformer.wte.weight.detach(), wte_before)
 
 
+@pytest.mark.slow
 def test_quantized_block_compiles_without_graph_breaks():
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=64, block_size=16, n_layer=1, n_head=2, n_embd=16, dropout=0.0))

@@ -181,6 +181,7 @@ TINY = ["model.n_layer=1", "model.n_head=2", "model.n_embd=32", "model.block_siz
         "logger=csv", "callbacks=none"]
 
 
+@pytest.mark.slow
 def test_the_control_trains_through_the_entry_point_on_the_wide_reference(tmp_path):
     """optimizer=relative on format=bf16_ref: a completed run whose grid-less tensors took the baseline's lr."""
     env = {**os.environ, "ALTGRAD_CACHE": str(tmp_path / "cache"), "WANDB_MODE": "offline",

@@ -87,6 +87,7 @@ def test_close_leaders_are_not_ranked() -> None:
                and "its lead is within the paired CI" in line for line in lines)
 
 
+@pytest.mark.slow
 def test_null_studies_claim_a_benefit_at_most_at_the_nominal_rate() -> None:
     rng = np.random.default_rng(20261125)
     n_studies, claims, rejections = 200, 0, 0
@@ -102,6 +103,7 @@ def test_null_studies_claim_a_benefit_at_most_at_the_nominal_rate() -> None:
     assert rejections <= 0.05 * n_studies + 2 * np.sqrt(0.05 * 0.95 * n_studies)
 
 
+@pytest.mark.slow
 def test_without_correction_the_same_nulls_claim_more() -> None:
     """The check above can fail: uncorrected, 8 tests per study reject far more often than α."""
     rng = np.random.default_rng(20261125)

@@ -38,6 +38,7 @@ def test_a_bad_declaration_stops_before_anything_runs(tmp_path: Path, env: dict[
     assert not (tmp_path / "sweep").exists()
 
 
+@pytest.mark.slow
 def test_study_debug_twin_runs_end_to_end(tmp_path: Path, env: dict[str, str]) -> None:
     sweep = tmp_path / "sweep"
     # the debug grid narrowed to one format and two arms (2 seeds): 4 five-step jobs
@@ -84,6 +85,7 @@ def compose():
     GlobalHydra.instance().clear()
 
 
+@pytest.mark.slow
 def test_study_experiments_plan_their_documented_grids(compose) -> None:
     from omegaconf import OmegaConf
 

@@ -39,6 +39,7 @@ def run(module: str, args: list[str], env: dict[str, str]) -> subprocess.Complet
                           timeout=900)
 
 
+@pytest.mark.slow
 def test_prepare_writes_the_token_cache_a_run_then_reads(env: dict[str, str], tmp_path: Path) -> None:
     done = run("altgrad.data.prepare", ["experiment=evidence_gpu_tune_debug"], env)
     assert done.returncode == 0, done.stderr

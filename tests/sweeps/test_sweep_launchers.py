@@ -49,6 +49,7 @@ def test_basic_launcher_runs_every_job_despite_a_failure(first_sweep: tuple[Path
     assert "LayerMapError" in proc.stderr
 
 
+@pytest.mark.slow
 def test_resumed_rerun_under_submitit_skips_finished_jobs(first_sweep: tuple[Path, object],
                                                           offline_env: dict[str, str]) -> None:
     sweep_dir, _ = first_sweep
