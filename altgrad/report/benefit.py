@@ -2,8 +2,9 @@
 
 Comparisons are made within one context (same experiment, model, data, layer map, format, weight storage and
 failure stage). When a context ran an optimizer at several learning rates (an lr scan), the lr with the lowest mean
-final loss (among those with the most seeds) stands for it, on each side; the table says so. When a storage has no AdamW run (e.g. grid-only on-grid
-storage), the fp32-master AdamW of the same format is the baseline, and the table says that too.
+final loss (among those with the most seeds) stands for it, on each side; the table says so. When a storage has no
+AdamW run (e.g. grid-only on-grid storage), the fp32-master AdamW of the same format is the baseline, and the table
+says that too.
 """
 
 from __future__ import annotations

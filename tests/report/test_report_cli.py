@@ -147,7 +147,8 @@ def declared_study(root: Path) -> Path:
             write_job(root / "eval" / f"{fmt}-a-{seed}", fmt=fmt, optimizer="adamw", seed=seed, final=base, lr=1e-3,
                       experiment="study", config=dict(config, format={"name": fmt}))
             write_job(root / "eval" / f"{fmt}-m-{seed}", fmt=fmt, optimizer="manifold", seed=seed, lr=1.0,
-                      final=base + gain + 0.01 * (seed % 2), experiment="study", config=dict(config, format={"name": fmt}))
+                      final=base + gain + 0.01 * (seed % 2), experiment="study",
+                      config=dict(config, format={"name": fmt}))
             rerun = write_job(root / "eval_lr" / f"{fmt}-a-{seed}", fmt=fmt, optimizer="adamw", seed=seed, lr=2e-3,
                               final=base + gain / 2, experiment="study", config=dict(config, format={"name": fmt}))
             (rerun / ".hydra" / "overrides.yaml").write_text(f"- format={fmt}\n- optimizer=adamw\n- seed={seed}\n"
