@@ -16,7 +16,7 @@ from altgrad.report.mechanism import has_updates, speeds
 from altgrad.report.order import OPTIMIZER_ORDER, rank
 from altgrad.report.sensitivity import neighbours
 from altgrad.report.stages import attribute_failures
-from altgrad.report.study import SameGrid, StudyResult, analyse, declared_endpoints, endpoint_problems
+from altgrad.report.study import SameGrid, StudyResult, analyse, declared_endpoints, endpoint_problems, label_of
 
 REPORT_NAME = "report.md"
 
@@ -61,7 +61,7 @@ def study_curves(results: Sequence[StudyResult]) -> list[plots.CurveGroup]:
     for result in results:
         off = {id(j) for j in result.off_lr}
         for job in result.jobs:
-            groups.setdefault((job.format, job.optimizer_label, job.lr, id(job) in off), []).append(job)
+            groups.setdefault((job.format, label_of(job, result.endpoint), job.lr, id(job) in off), []).append(job)
     return [plots.CurveGroup(fmt, arm, arm + (f" lr={lr:g} (lr sensitivity)" if dashed else ""), tuple(jobs), dashed)
             for (fmt, arm, lr, dashed), jobs in sorted(groups.items(), key=lambda kv: (
                 kv[0][3], rank(OPTIMIZER_ORDER, kv[0][1]), kv[0][2] or 0.0))]
@@ -105,19 +105,19 @@ def write_report(sweep_dirs: Sequence[str | os.PathLike[str]], out_dir: str | os
     studies = [(next((j.get("experiment") for j in js if j.get("experiment")), None), analyse(ep, js, rule))
                for ep, js in declared_endpoints(sweep.jobs)]
     results = [result for _, result in studies]
-    in_studies = {id(j) for r in results for j in r.jobs}
+    in_studies = {id(j) for r in results for j in (*r.jobs, *r.ladder_jobs)}
     outside_studies = [j for j in sweep.jobs if id(j) not in in_studies]
     near = [neighbours(r, outside_studies) for r in results]
     bad_declarations = endpoint_problems(sweep.jobs)
     speed = speeds(main_cells or cells)
-    palette = plots.arm_palette([j.optimizer_label for j in sweep.jobs])
+    palette = plots.arm_palette([j.arm for j in sweep.jobs])
 
     if results:  # the evaluation's curves; the tuning runs go to the lr–loss figure
         val_png = plots.plot_curves(study_curves(results), out / "val_loss.png", palette,
                                     title="Validation loss of the evaluation", log_y=True)
         declared = [j for r in results for j in r.declared_jobs]
         scans = [j for runs in tuning_runs(declared, outside_studies).values() for js in runs.values() for j in js]
-        picks = {(j.format, j.optimizer_label): j.lr for j in declared if j.lr is not None}
+        picks = {(j.format, j.arm): j.lr for j in declared if j.lr is not None}
     else:
         shown, scans = scans_and_picks(main_cells)
         val_png = plots.plot_val_loss(shown, out / "val_loss.png", palette=palette)
@@ -157,8 +157,18 @@ def write_report(sweep_dirs: Sequence[str | os.PathLike[str]], out_dir: str | os
                    "evidence of no difference. `seeds a TOST needs`: the seed pairs for 80 % power to show a tie when "
                    "the true Δ is 0, from the paired SD, at the level each test is sure to get under the correction "
                    f"({result.single_test_level:.3g}); `underpowered` when fewer ran."), "",
-                  tables.study_table(result), "",
-                  "Ranking on the primary contrast (a format benefits most only when it has a `benefit` verdict "
+                  tables.study_table(result), ""]
+        if result.secondary:
+            parts += [(f"Secondary family (the why, by intervention; {result.endpoint.correction} over its "
+                       f"{len(result.secondary)} tests, apart from the primary family; an interaction Δ(first) − "
+                       "Δ(second) is the per-seed difference of two contrasts' Δ in one format):"), "",
+                      tables.study_table(result, result.secondary), ""]
+        if result.controls:
+            parts += [(f"Controls (expected ≈ 0): a `tie` only when the {result.endpoint.correction}-corrected "
+                       f"equivalence test (TOST ±{result.endpoint.tie_margin:g}) rejects over the "
+                       f"{len(result.controls)} control tests; a control never claims a difference:"), "",
+                      tables.study_table(result, result.controls), ""]
+        parts += ["Ranking on the primary contrast (a format benefits most only when it has a `benefit` verdict "
                   "and every interval in the last column lies below zero):", "",
                   tables.ranking_table(result), "",
                   _figure(mantissa_png, "Δ and updates below half a ULP against mantissa bits",

@@ -135,7 +135,7 @@ def plot_lr_scan(jobs: Sequence[Job], path: Path, palette: dict[str, Colour],
     by: dict[tuple[str, str], dict[float, list[Job]]] = {}
     for j in jobs:
         if j.lr is not None and j.lr > 0 and j.state in ("completed", "diverged"):
-            by.setdefault((j.format, j.optimizer_label), {}).setdefault(j.lr, []).append(j)
+            by.setdefault((j.format, j.arm), {}).setdefault(j.lr, []).append(j)
     by = {k: v for k, v in by.items() if len(v) >= 2}
     if not by:
         return None

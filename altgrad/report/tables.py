@@ -7,11 +7,12 @@ from typing import Any
 
 from altgrad.report.benefit import Benefit, StabilityThreshold
 from altgrad.report.cells import CONTEXT_FIELDS, Cell, describe, varying_fields
+from altgrad.report.endpoint import Contrast
 from altgrad.report.load import Job
 from altgrad.report.sensitivity import Neighbour
 from altgrad.report.stages import FormatAttribution
 from altgrad.report.stats import Summary, TTest, summarize
-from altgrad.report.study import StudyResult
+from altgrad.report.study import Comparison, StudyResult, sign_check
 
 FIELD_TITLES = {"optimizer_label": "optimizer", "layer_map": "layer map", "lr": "lr"}
 DIAGNOSTICS = ("mean_stall_ratio", "final_flip_rate", "mean_oscillation_rate", "min_grad_cosine",
@@ -192,26 +193,39 @@ def jobs_table(jobs: Sequence[Job]) -> str:
     return markdown_table(["job", "state", "configuration", "seed", "detail"], rows)
 
 
-def study_table(result: StudyResult) -> str:
-    """Every test of a declared study: Δ per contrast and format with its CI, raw and adjusted p, and the verdict."""
+def contrast_title(contrast: Contrast) -> str:
+    """A contrast as the tables name it: ``P1: manifold_sr − relative_sr`` when it was declared with a name."""
+    return f"{contrast.label}: {contrast.name}" if contrast.label else contrast.name
+
+
+def study_table(result: StudyResult, comparisons: Sequence[Comparison] | None = None) -> str:
+    """Every test of one family of a declared study (default: the primary): Δ per contrast and format with its CI,
+    raw and adjusted p, TOST, and the verdict; the declared sign beside the observed one where one was declared."""
     ep = result.endpoint
+    comps = result.comparisons if comparisons is None else comparisons
+    signed = any(c.contrast.expect != "none" or c.contrast.label for c in comps)
     conf = f"{100 * (1 - ep.alpha):g}% CI"
     rows = []
-    for c in result.comparisons:
+    for c in comps:
         t, r = c.treatment, c.reference
         lrs = "/".join(", ".join(f"{x:g}" for x in a.lrs) or "—" if a is not None else "—" for a in (t, r))
         fails = " / ".join(f"{a.n_failures} of {len(a.jobs)}" if a is not None else "—" for a in (t, r))
         ci = c.ci
         seeds = "—" if c.equivalence_seeds is None else (
             f"underpowered: needs ≈ {c.equivalence_seeds}" if c.underpowered else f"≈ {c.equivalence_seeds}")
-        rows.append([c.contrast.name, c.format, lrs, len(c.deltas), fails, num(c.test.mean, signed=True),
-                     "—" if ci is None else f"[{num(ci[0], signed=True)}, {num(ci[1], signed=True)}]",
-                     "—" if c.test.p_value is None else f"{c.test.p_value:.3g}", f"{c.p_adjusted:.3g}",
-                     sig(c.paired_sd), f"{c.tost_adjusted:.3g}", seeds,
-                     c.verdict + (f" ({c.why_missing})" if c.why_missing else "")])
-    return markdown_table(["contrast", "format", "lr (treatment/reference)", "seed pairs",
-                           "failures (treatment/reference)", "Δ", conf, "p", f"{ep.correction} p", "paired SD",
-                           f"TOST ±{ep.tie_margin:g} {ep.correction} p", "seeds a TOST needs", "verdict"], rows)
+        row = [contrast_title(c.contrast) if signed else c.contrast.name, c.format, lrs, len(c.deltas), fails,
+               num(c.test.mean, signed=True),
+               "—" if ci is None else f"[{num(ci[0], signed=True)}, {num(ci[1], signed=True)}]",
+               "—" if c.test.p_value is None else f"{c.test.p_value:.3g}", f"{c.p_adjusted:.3g}",
+               sig(c.paired_sd), f"{c.tost_adjusted:.3g}", seeds,
+               c.verdict + (f" ({c.why_missing})" if c.why_missing else "")]
+        if signed:
+            row += [c.contrast.expect, sign_check(c)]
+        rows.append(row)
+    headers = ["contrast", "format", "lr (treatment/reference)", "seed pairs", "failures (treatment/reference)", "Δ",
+               conf, "p", f"{ep.correction} p", "paired SD", f"TOST ±{ep.tie_margin:g} {ep.correction} p",
+               "seeds a TOST needs", "verdict"]
+    return markdown_table(headers + (["declared sign", "observed vs declared"] if signed else []), rows)
 
 
 def sensitivity_table(result: StudyResult, near: Sequence[Neighbour]) -> str:
