@@ -6,7 +6,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from altgrad.report import plots, tables
+from altgrad.report import plots, provenance, tables
 from altgrad.report.benefit import stability_thresholds, ulp_benefits
 from altgrad.report.caveats import caveat_lines, tuning_runs
 from altgrad.report.cells import Cell, group_cells
@@ -252,6 +252,9 @@ def write_report(sweep_dirs: Sequence[str | os.PathLike[str]], out_dir: str | os
         parts += [f"_{grid_note}_", ""]
     parts += ["## Configuration vs final loss", "",
               _figure(parallel_png, "parallel coordinates", "No run with a final loss or divergence."), ""]
+    if provenance.applies(sweep.jobs):
+        parts += ["## Provenance", "", "\n".join(f"- {line}" if not line.startswith("  ") else line
+                                                 for line in provenance.provenance_lines(sweep.jobs)), ""]
     parts += ["## Jobs", "",
               f"{len(sweep.jobs)} job dirs found; {len(not_completed)} did not complete.", ""]
     if not_completed:

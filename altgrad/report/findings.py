@@ -272,6 +272,10 @@ def findings(sweep: Sweep, cells: Sequence[Cell], benefits: Sequence[Benefit],
             lines += study_lines(result, experiment, near) + study_why_lines(result)
         lines += failure_lines(attributions, threshold)
     else:
+        if any(j.summary.get("arm") for j in sweep.jobs):
+            lines.append("No run of these records declares an endpoint yet (a study whose evaluation has not run: "
+                         "its pilot or tuning only): what follows is exploratory, and no declared question is "
+                         "answered.")
         lines += answer(benefits, same_grid=same_grid) + failure_lines(attributions, threshold)
         lines += why_lines(benefits, cells)
     return "\n".join(f"- {line}" for line in lines)
