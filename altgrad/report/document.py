@@ -11,6 +11,7 @@ from altgrad.report.benefit import stability_thresholds, ulp_benefits
 from altgrad.report.caveats import caveat_lines, tuning_runs
 from altgrad.report.cells import Cell, group_cells
 from altgrad.report.findings import findings
+from altgrad.report.ladder import ladder, recovery
 from altgrad.report.load import Job, load_sweeps
 from altgrad.report.mechanism import has_updates, speeds
 from altgrad.report.order import OPTIMIZER_ORDER, rank
@@ -168,6 +169,23 @@ def write_report(sweep_dirs: Sequence[str | os.PathLike[str]], out_dir: str | os
                        f"equivalence test (TOST ±{result.endpoint.tie_margin:g}) rejects over the "
                        f"{len(result.controls)} control tests; a control never claims a difference:"), "",
                       tables.study_table(result, result.controls), ""]
+        lad = ladder(result)
+        if lad is not None:
+            ladder_png = plots.plot_ladder(lad, out / ("failure_ladder.png" if k == 0 else f"failure_ladder_{k}.png"))
+            parts += [(f"Failure stages as declared: each stage − {lad.reference_format} {lad.reference_arm} "
+                       f"({lad.reference_seeds} seeds), paired by seed; a stage fails when Δ > {lad.margin:g} by the "
+                       "one-sided paired t-test, Holm over every stage of every format; a failed run enters at its "
+                       "initial loss. The step from the stage before is in the next-to-last column."), "",
+                      tables.ladder_table(lad), "",
+                      _figure(ladder_png, "Δ per failure stage and format", "No failure stage paired with its "
+                              "reference yet."), ""]
+        rec = recovery(result)
+        if result.endpoint.recovery is not None and result.endpoint.label == "arm":
+            parts += [(f"Recovery: each arm − {result.endpoint.recovery.reference} (the same forward grid, float32 "
+                       "master weights) per format, paired by seed: what storing the weights on the grid costs; "
+                       f"`recovers` when the Holm-corrected TOST ±{result.endpoint.tie_margin:g} rejects."), "",
+                      tables.recovery_table(rec, result.endpoint.recovery.reference, result.endpoint.tie_margin)
+                      if rec else "_No recovery arm has runs yet._", ""]
         parts += ["Ranking on the primary contrast (a format benefits most only when it has a `benefit` verdict "
                   "and every interval in the last column lies below zero):", "",
                   tables.ranking_table(result), "",

@@ -14,8 +14,9 @@ import statistics
 from collections.abc import Callable, Sequence
 
 from altgrad.report.benefit import Benefit
-from altgrad.report.endpoint import Contrast
 from altgrad.report.cells import Cell, describe, varying_fields
+from altgrad.report.endpoint import Contrast
+from altgrad.report.ladder import Ladder, Recovered, ladder, recovery
 from altgrad.report.load import STATES, Sweep
 from altgrad.report.order import FORMAT_ORDER, REFERENCE_FORMATS, exponent_bits, mantissa_bits, rank
 from altgrad.report.stages import FormatAttribution
@@ -470,6 +471,59 @@ def control_lines(result: StudyResult) -> list[str]:
     return lines
 
 
+def ladder_lines(lad: Ladder | None) -> list[str]:
+    """Where each format fails on the declared ladder: its first rung whose Δ exceeds the margin significantly."""
+    if lad is None:
+        return []
+    if lad.reference_seeds == 0:
+        return [f"Failure stages: the reference cell ({lad.reference_format} {lad.reference_arm}) has no runs yet, "
+                "so no stage is judged."]
+    lines = [f"Failure stages (each stage − {lad.reference_format} {lad.reference_arm}, paired by seed; a stage fails "
+             f"when Δ > {lad.margin:g} by the one-sided paired t-test, Holm over the {len(lad.rungs)} stages × "
+             f"formats at α = {lad.alpha:g}):"]
+    parts = []
+    for fmt in lad.formats:
+        rungs = [r for r in lad.rungs if r.format == fmt and r.deltas]
+        first = lad.failing(fmt)
+        if not rungs:
+            parts.append(f"{fmt}: no stage has runs paired with the reference yet")
+        elif first is None:
+            top = max(rungs, key=lambda r: r.vs_reference.mean or 0.0)
+            parts.append(f"{fmt}: no stage run fails ({len(rungs)} stage(s) run; largest Δ "
+                         f"{top.vs_reference.mean:+.4f} at {top.arm}, Holm p = {top.p_adjusted:.3g})")
+        else:
+            ci = first.vs_reference.ci()
+            step = first.vs_previous
+            parts.append(f"{fmt} first fails at **{first.arm}** (Δ = {first.vs_reference.mean:+.4f}, 95% CI "
+                         f"{_ci(ci)}, Holm p = {first.p_adjusted:.3g}"
+                         + (f", {first.failures} of {first.runs} runs failed" if first.failures else "")
+                         + (f"; its step over the stage before: {step.mean:+.4f}, 95% CI {_ci(step.ci())}"
+                            if step.mean is not None else "") + ")")
+    return [lines[0] + " " + "; ".join(parts) + "."]
+
+
+def recovery_lines(result: StudyResult, rows: Sequence[Recovered]) -> list[str]:
+    """What weight storage on the grid costs each arm against float32-master AdamW, and which arms recover it."""
+    ep = result.endpoint
+    if ep.recovery is None or ep.label != "arm":
+        return []
+    if not rows:
+        return [f"Recovery: no arm has runs beside {ep.recovery.reference} yet."]
+    parts = []
+    for fmt in dict.fromkeys(r.format for r in rows):
+        here = [r for r in rows if r.format == fmt and r.test.mean is not None]
+        if not here:
+            parts.append(f"{fmt}: no seed pairs")
+            continue
+        by: dict[str, list[str]] = {}
+        for r in here:
+            by.setdefault(r.verdict, []).append(f"{r.arm} {r.test.mean:+.4f}")
+        parts.append(f"{fmt}: " + "; ".join(f"{v} — {', '.join(a)}" for v, a in by.items()))
+    return [f"Recovery (arm − {ep.recovery.reference}, the same forward grid on float32 master weights; `recovers`: "
+            f"TOST ±{ep.tie_margin:g} Holm p < α; `costs`/`gains`: the difference test, Holm over arms × formats): "
+            + " | ".join(parts) + "."]
+
+
 def study_lines(result: StudyResult, experiment: str | None = None,
                 near: Sequence[Neighbour] = ()) -> list[str]:
     """The answer of a declared study: only what survives its declared correction; "not established" otherwise.
@@ -527,6 +581,7 @@ def study_lines(result: StudyResult, experiment: str | None = None,
         lines.append(_contrast_line(contrast, result.of(contrast), result, beside))
     lines += format_control_lines(result)
     lines += secondary_lines(result) + control_lines(result)
+    lines += ladder_lines(ladder(result)) + recovery_lines(result, recovery(result))
     failing = [a for a in result.arms.values() if a.n_failures]
     if failing:
         entered = ("at their initial validation loss (counted as learning nothing)"

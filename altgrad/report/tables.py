@@ -8,6 +8,7 @@ from typing import Any
 from altgrad.report.benefit import Benefit, StabilityThreshold
 from altgrad.report.cells import CONTEXT_FIELDS, Cell, describe, varying_fields
 from altgrad.report.endpoint import Contrast
+from altgrad.report.ladder import Ladder, Recovered
 from altgrad.report.load import Job
 from altgrad.report.sensitivity import Neighbour
 from altgrad.report.stages import FormatAttribution
@@ -301,3 +302,28 @@ def mechanism_table(cells: Sequence[Cell], speeds: dict) -> str:
     return markdown_table([FIELD_TITLES.get(f, f) for f in fields] + [
         "|Δw|/ULP q10", "q50", "q90", "share < ½ ULP", "|Δw|/|w| top ÷ bottom |w| decile",
         "steps to target (reached/runs)"], rows)
+
+
+def ladder_table(lad: Ladder) -> str:
+    """Every rung of the declared failure-stage ladder: Δ vs the reference cell with its CI, the one-sided test of
+    Δ > margin (raw and Holm), the increment over the rung before, and whether it fails."""
+    rows = []
+    for r in lad.rungs:
+        rows.append([r.format, r.arm, r.runs, r.failures, len(r.deltas), _paired_text(r.vs_reference),
+                     "—" if r.p_exceeds is None else f"{r.p_exceeds:.3g}", f"{r.p_adjusted:.3g}",
+                     _paired_text(r.vs_previous), "fails" if r.fails else "—"])
+    return markdown_table(["format", "stage (arm)", "runs", "failures", "seed pairs",
+                           f"Δ vs {lad.reference_format} {lad.reference_arm} [95% CI]", f"p (Δ > {lad.margin:g})",
+                           "Holm p", "Δ vs previous stage [95% CI]", "verdict"], rows)
+
+
+def recovery_table(rows: Sequence[Recovered], reference: str, margin: float) -> str:
+    """Each recovery arm − the recovery reference per format: Δ with its CI, the difference and equivalence tests
+    (Holm over the arms × formats) and the verdict."""
+    out = []
+    for r in rows:
+        out.append([r.format, r.arm, len(r.deltas), _paired_text(r.test),
+                    "—" if r.test.p_value is None else f"{r.test.p_value:.3g}", f"{r.p_adjusted:.3g}",
+                    f"{r.tost_adjusted:.3g}", r.verdict])
+    return markdown_table(["format", "arm", "seed pairs", f"Δ vs {reference} [95% CI]", "p", "Holm p",
+                           f"TOST ±{margin:g} Holm p", "verdict"], out)

@@ -209,3 +209,61 @@ def test_cells_are_labelled_by_arm() -> None:
     labels = {(c["format"], c["optimizer_label"]) for c in cells}
     assert ("e4m3", "adamw_rn") in labels and ("e4m3", "adamw_sr") in labels
     assert all(len(c.jobs) == 2 for c in cells)
+
+
+def ladder_study(rng_seed: int = 5, seeds: int = 6) -> list[Job]:
+    """The evaluation above plus a failure-stage ladder: e7m0 fails at stage_w (+0.2), e4m3 at stage_wag_rn (+0.3),
+    e0m7 nowhere (+0.01 at most); e0m7's seed 1 at stage_wag_rn diverged (enters at its initial loss 5.5)."""
+    rng = np.random.default_rng(rng_seed)
+    planted = {("e7m0", "stage_w"): 0.2, ("e7m0", "stage_wag_rn"): 0.25, ("e4m3", "stage_wag_rn"): 0.3,
+               ("e0m7", "stage_wag_rn"): 0.01}
+    jobs = study(PLANTED, seeds=seeds)
+    for seed in range(1, seeds + 1):
+        base = 1.9 + rng.normal(0.0, 0.05)
+        jobs.append(job("fp32", "stage_w", seed, float(base + rng.normal(0.0, 0.005))))
+        for fmt in FORMATS:
+            for arm in ("stage_w", "stage_wag_rn"):
+                if (fmt, arm, seed) == ("e0m7", "stage_wag_rn", 1):
+                    jobs.append(job(fmt, arm, seed, None, status="diverged", initial=5.5))
+                    continue
+                jobs.append(job(fmt, arm, seed, float(base + planted.get((fmt, arm), 0.0)
+                                                      + rng.normal(0.0, 0.005))))
+    return jobs
+
+
+def test_ladder_names_the_failing_stage_per_format() -> None:
+    from altgrad.report.findings import ladder_lines
+    from altgrad.report.ladder import ladder, p_exceeds
+
+    lad = ladder(run(ladder_study()))
+    assert lad is not None and lad.reference_seeds == 6 and lad.formats == FORMATS
+    assert [(r.format, r.arm) for r in lad.rungs] == [(f, a) for f in FORMATS for a in ("stage_w", "stage_wag_rn")]
+    assert lad.failing("e7m0").arm == "stage_w"
+    assert lad.failing("e4m3").arm == "stage_wag_rn"
+    assert lad.failing("e0m7") is None
+    rungs = {(r.format, r.arm): r for r in lad.rungs}
+    assert [r.p_adjusted for r in lad.rungs] == pytest.approx(holm([r.p_exceeds for r in lad.rungs]))
+    e4 = rungs[("e4m3", "stage_wag_rn")]
+    assert e4.vs_previous.mean == pytest.approx(0.3, abs=0.01)     # its step over stage_w
+    assert p_exceeds(e4.vs_reference, 0.03) == e4.p_exceeds
+    diverged = rungs[("e0m7", "stage_wag_rn")]
+    assert diverged.failures == 1 and diverged.runs == 6 and len(diverged.deltas) == 6  # counted, never dropped
+    assert diverged.deltas[1] > 3.0                                  # 5.5 − the reference's ≈ 1.9
+    (line,) = ladder_lines(lad)
+    assert f"e4m3 first fails at **stage_wag_rn** (Δ = {e4.vs_reference.mean:+.4f}" in line
+    assert e4.vs_reference.mean == pytest.approx(0.3, abs=0.01) and "e7m0 first fails at **stage_w** (" in line
+    assert "e0m7: no stage run fails" in line
+
+
+def test_recovery_says_what_storage_costs_and_who_recovers() -> None:
+    from altgrad.report.findings import recovery_lines
+    from altgrad.report.ladder import recovery
+
+    result = run(study(PLANTED))
+    rows = {(r.format, r.arm): r for r in recovery(result)}
+    assert set(rows) == {(f, a) for f in FORMATS for a in ("adamw_sr", "manifold_sr")}  # Madam not run: left out
+    assert all(rows[(f, "adamw_sr")].verdict == "recovers" for f in FORMATS)
+    assert rows[("e4m3", "manifold_sr")].verdict == "gains" and rows[("e0m7", "manifold_sr")].verdict == "recovers"
+    (line,) = recovery_lines(result, recovery(result))
+    assert line.startswith("Recovery (arm − adamw_fm, the same forward grid on float32 master weights")
+    assert "e4m3: recovers — adamw_sr" in line and "gains — manifold_sr -0.2" in line
