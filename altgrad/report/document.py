@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from altgrad.report import plots, provenance, tables
+from altgrad.report import study_records as records
 from altgrad.report.benefit import stability_thresholds, ulp_benefits
 from altgrad.report.caveats import caveat_lines, tuning_runs
 from altgrad.report.cells import Cell, group_cells
@@ -143,6 +144,17 @@ def write_report(sweep_dirs: Sequence[str | os.PathLike[str]], out_dir: str | os
         findings(sweep, cells, benefits, attributions, threshold, studies, rule, near),
         "",
     ]
+    study_records = provenance.applies(sweep.jobs)  # a study's records (arms, data files): study 2 onwards
+    if study_records:
+        tuned = records.tuning(sweep.jobs, [j for r in results for j in r.declared_jobs])
+        horizons = sorted({r.endpoint.horizon for r in results if r.endpoint.horizon is not None})
+        pilot = records.pilot_rows(sweep.jobs, horizons)
+        power = records.read_power(sweep.roots)
+        extra = records.horizon_lines(results) + records.tuning_lines(tuned)
+        extra += [line for r in results if r.endpoint.label == "arm" for line in records.mechanism_lines(r)]
+        if any(r.endpoint.label == "arm" for r in results) or power is not None:
+            extra.append(records.power_line(power))
+        parts[-2] += "".join(f"\n- {line}" for line in extra)
     caveats = caveat_lines(sweep.jobs, [j for result in results for j in result.declared_jobs], results)
     if caveats:
         parts += ["### Caveats", "", "\n".join(f"- {line}" for line in caveats), ""]
@@ -270,6 +282,22 @@ def write_report(sweep_dirs: Sequence[str | os.PathLike[str]], out_dir: str | os
         parts += [f"_{grid_note}_", ""]
     parts += ["## Configuration vs final loss", "",
               _figure(parallel_png, "parallel coordinates", "No run with a final loss or divergence."), ""]
+    if study_records:
+        parts += ["## Study records: pilot, tuning, mechanism", ""]
+        if pilot:
+            parts += ["The pilot's horizon table: each pilot run's validation loss at H and at "
+                      f"{records.HORIZON_FACTOR}H (H: the declared horizon; none declared: a quarter of the run).", "",
+                      records.pilot_table(pilot), ""]
+        if tuned:
+            parts += ["Tuning: the mean final validation loss over the tuning seeds at each scanned lr per format × "
+                      "arm (failed: every seed diverged or crashed); the pick (the lr the evaluation ran, else the "
+                      "lowest mean without a failed seed) and whether a scanned lr lies on each side of it.", "",
+                      records.tuning_table(tuned), ""]
+        parts += [records.power_line(power), ""]
+        for r in results:
+            if r.endpoint.label == "arm" and records.mechanism_by_arm(r):
+                parts += [f"Is the mechanism active? Per arm and format, medians over runs (descriptive; horizon "
+                          f"{r.endpoint.horizon}):", "", records.mechanism_table(r), ""]
     if provenance.applies(sweep.jobs):
         parts += ["## Provenance", "", "\n".join(f"- {line}" if not line.startswith("  ") else line
                                                  for line in provenance.provenance_lines(sweep.jobs)), ""]
