@@ -257,6 +257,8 @@ def write_report(sweep_dirs: Sequence[str | os.PathLike[str]], out_dir: str | os
                   tables.stage_summary_table(attributions), "", tables.stage_table(attributions), "",
                   _figure(stage_val_png, "validation loss per failure stage", "No failure_stage job logged val/loss."),
                   ""]
+    elif any(r.endpoint.stages is not None and r.endpoint.label == "arm" for r in results):
+        parts += ["_The declared failure-stage ladder is analysed in its declared endpoint's section above._", ""]
     else:
         parts += ["_No failure_stage jobs in these sweeps._", ""]
     parts += ["## Why: update stalls, flips, gradient fidelity, effective bits", ""]

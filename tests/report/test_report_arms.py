@@ -267,3 +267,14 @@ def test_recovery_says_what_storage_costs_and_who_recovers() -> None:
     (line,) = recovery_lines(result, recovery(result))
     assert line.startswith("Recovery (arm − adamw_fm, the same forward grid on float32 master weights")
     assert "e4m3: recovers — adamw_sr" in line and "gains — manifold_sr -0.2" in line
+
+
+def test_the_declaration_describes_what_an_arm_study_adds() -> None:
+    ((ep, _),) = declared_endpoints(study(PLANTED, seeds=2))
+    text = ep.describe()
+    assert "; cells named by arm (compared whatever their storage); named: P1 manifold_sr − relative_sr (expect " \
+           "negative), P2 manifold_sr − adamw_sr (expect negative); secondary family: I1 adamw_rn − adamw_sr " \
+           "(expect positive)" in text
+    assert "I4 madam_sr − adamw_sr in e7m0; interactions: X1 = Δ(I1) − Δ(I2) (expect positive); controls (TOST " \
+           "only): C1 manifold_fm − relative_fm in e4m3; failure stages stage_w → stage_wag_rn against fp32 " \
+           "stage_w; recovery of adamw_sr, manifold_sr against adamw_fm" in text
