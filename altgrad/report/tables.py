@@ -16,6 +16,12 @@ from altgrad.report.stats import Summary, TTest, summarize
 from altgrad.report.study import Comparison, StudyResult, sign_check
 
 FIELD_TITLES = {"optimizer_label": "optimizer", "layer_map": "layer map", "lr": "lr"}
+
+
+def titles(cells: Sequence[Cell], fields: Sequence[str]) -> list[str]:
+    """Column titles of the cell fields; the label column is ``arm`` where the runs recorded study arms."""
+    arms = any(j.summary.get("arm") for c in cells for j in c.jobs)
+    return [("arm" if arms and f == "optimizer_label" else FIELD_TITLES.get(f, f)) for f in fields]
 DIAGNOSTICS = ("mean_stall_ratio", "final_flip_rate", "mean_oscillation_rate", "min_grad_cosine",
                "mean_effective_bits")
 """The diagnostics every report shows first (summary.json ``diagnostics``); any others found follow."""
@@ -65,7 +71,7 @@ def field_text(name: str, value: Any) -> str:
 def cell_table(cells: Sequence[Cell]) -> str:
     """Final and best validation loss per cell: mean ± std over seeds and the 95% CI of the mean."""
     fields = varying_fields(cells)
-    headers = [FIELD_TITLES.get(f, f) for f in fields] + [
+    headers = titles(cells, fields) + [
         "completed/jobs", "diverged", "failed", "final val loss", "final 95% CI", "best val loss", "best 95% CI"]
     rows = []
     for c in cells:
@@ -80,7 +86,7 @@ def benefit_table(benefits: Sequence[Benefit]) -> str:
     """Δ final loss (optimizer − AdamW) per format, paired by seed, with 95% CI, p-value and mark."""
     contexts = [b.treatment for b in benefits]
     fields = varying_fields(contexts, CONTEXT_FIELDS) + ["optimizer_label"]
-    headers = [FIELD_TITLES.get(f, f) for f in fields] + [
+    headers = titles(contexts, fields) + [
         "lr", "baseline", "pairs", "Δ final loss", "95% CI", "p", "mark", "diverged (opt/adamw)"]
     rows = []
     for b in benefits:
@@ -161,7 +167,7 @@ def diagnostics_table(cells: Sequence[Cell]) -> str:
     """Mean of each run-level diagnostic per cell (over its seeds, diverged runs included)."""
     names = diagnostic_names(cells)
     fields = varying_fields(cells)
-    headers = [FIELD_TITLES.get(f, f) for f in fields] + ["runs"] + list(names)
+    headers = titles(cells, fields) + ["runs"] + list(names)
     rows = []
     for c in cells:
         values = [c.diagnostic_summary(n) for n in names]
@@ -299,7 +305,7 @@ def mechanism_table(cells: Sequence[Cell], speeds: dict) -> str:
                                         if sp.median_steps is not None else f"never (0/{sp.runs})")
         rows.append([field_text(f, c[f]) for f in fields] + [sig(v) for v in values]
                     + [sig(decile_ratio(c)), steps])
-    return markdown_table([FIELD_TITLES.get(f, f) for f in fields] + [
+    return markdown_table(titles(cells, fields) + [
         "|Δw|/ULP q10", "q50", "q90", "share < ½ ULP", "|Δw|/|w| top ÷ bottom |w| decile",
         "steps to target (reached/runs)"], rows)
 

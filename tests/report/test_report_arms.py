@@ -278,3 +278,10 @@ def test_the_declaration_describes_what_an_arm_study_adds() -> None:
     assert "I4 madam_sr − adamw_sr in e7m0; interactions: X1 = Δ(I1) − Δ(I2) (expect positive); controls (TOST " \
            "only): C1 manifold_fm − relative_fm in e4m3; failure stages stage_w → stage_wag_rn against fp32 " \
            "stage_w; recovery of adamw_sr, manifold_sr against adamw_fm" in text
+
+
+def test_cell_tables_title_the_label_column_arm() -> None:
+    from altgrad.report.tables import cell_table
+
+    header = cell_table(group_cells(study(PLANTED, seeds=2))).splitlines()[0]
+    assert header.startswith("| format | storage | arm |")
