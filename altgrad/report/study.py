@@ -343,7 +343,7 @@ def analyse(ep: Endpoint, jobs: Sequence[Job], same_grid: SameGrid | None = None
         fjobs = [j for j in jobs if j.format == fmt]
         split = {lab: split_off_lr([j for j in fjobs if label_of(j, ep) == lab])
                  for lab in (contrast.treatment, contrast.reference)}
-        if ep.label == "arm" and not any(own for own, _ in split.values()):
+        if ep.label == "arm" and not any(runs for runs, _ in split.values()):
             continue  # another family's arm ran here; the primary contrast has nothing in this format
         off_lr += [j for _, off in split.values() for j in off]
         t, r = (build_arm(fmt, lab, split[lab][0], ep, None) for lab in (contrast.treatment, contrast.reference))
