@@ -444,6 +444,27 @@ def secondary_lines(result: StudyResult) -> list[str]:
     return lines
 
 
+def intervention_lines(result: StudyResult) -> list[str]:
+    """The mechanism by intervention in one line: each named contrast with a declared sign (and each interaction and
+    control) and what the runs say of it, per format."""
+    comps = [c for c in (*result.comparisons, *result.secondary) if c.contrast.label and c.contrast.expect != "none"]
+    if not (result.secondary or result.controls) or not (comps or result.controls):
+        return []
+    parts = []
+    for contrast in dict.fromkeys(c.contrast for c in comps):
+        checks: dict[str, list[str]] = {}
+        for c in (c for c in comps if c.contrast == contrast):
+            checks.setdefault(sign_check(c), []).append(c.format)
+        parts.append(f"{contrast.label} (expect {contrast.expect}): "
+                     + ", ".join(f"{k} in {'/'.join(v)}" for k, v in checks.items()))
+    for contrast in dict.fromkeys(c.contrast for c in result.controls):
+        here = [c for c in result.controls if c.contrast == contrast]
+        parts.append(f"{contrast.label or contrast.name} (expect ≈ 0): "
+                     + ", ".join(f"{'tie' if c.verdict == 'tie' else 'equivalence not shown'} in {c.format}"
+                                 for c in here))
+    return ["The mechanism by intervention, declared sign against the runs: " + "; ".join(parts) + "."]
+
+
 def control_lines(result: StudyResult) -> list[str]:
     """Controls (expected ≈ 0): judged by the equivalence test only, never as a difference."""
     ep = result.endpoint
@@ -580,7 +601,7 @@ def study_lines(result: StudyResult, experiment: str | None = None,
     for contrast in ep.contrasts:
         lines.append(_contrast_line(contrast, result.of(contrast), result, beside))
     lines += format_control_lines(result)
-    lines += secondary_lines(result) + control_lines(result)
+    lines += secondary_lines(result) + control_lines(result) + intervention_lines(result)
     lines += ladder_lines(ladder(result)) + recovery_lines(result, recovery(result))
     failing = [a for a in result.arms.values() if a.n_failures]
     if failing:

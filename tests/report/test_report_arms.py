@@ -285,3 +285,14 @@ def test_cell_tables_title_the_label_column_arm() -> None:
 
     header = cell_table(group_cells(study(PLANTED, seeds=2))).splitlines()[0]
     assert header.startswith("| format | storage | arm |")
+
+
+def test_the_mechanism_by_intervention_in_one_line() -> None:
+    from altgrad.report.findings import intervention_lines
+
+    (line,) = intervention_lines(run(study(PLANTED)))
+    assert line.startswith("The mechanism by intervention, declared sign against the runs: P1 (expect negative): "
+                           "not established in e0m7, as declared in e4m3/e7m0; P2 (expect negative): ")
+    assert "I1 (expect positive): as declared in e0m7/e4m3/e7m0" in line
+    assert "X1 (expect positive): as declared in e0m7/e4m3/e7m0" in line
+    assert line.endswith("; C1 (expect ≈ 0): tie in e4m3.")
