@@ -408,8 +408,11 @@ def _contrast_line(contrast: Contrast, comps: Sequence[Comparison], result: Stud
 
 def format_control_lines(result: StudyResult) -> list[str]:
     """Formats without exponent bits (one ULP per tensor: a ULP-aware step is a plain one there) are the format
-    control of every primary contrast: their equivalence test beside their difference test."""
+    control of every primary contrast: their equivalence test beside their difference test (arm-labelled
+    declarations, which name e0m7 the format control)."""
     ep = result.endpoint
+    if ep.label != "arm":
+        return []
     lines = []
     for c in result.comparisons:
         if exponent_bits(c.format) != 0 or c.test.mean is None:
