@@ -271,7 +271,9 @@ def findings(sweep: Sweep, cells: Sequence[Cell], benefits: Sequence[Benefit],
         for k, (experiment, result) in enumerate(studies):
             near = sensitivity[k] if k < len(sensitivity) else ()
             lines += study_lines(result, experiment, near) + study_why_lines(result)
-        lines += failure_lines(attributions, threshold)
+        ladders = any(r.endpoint.label == "arm" and r.endpoint.stages is not None for _, r in studies)
+        if attributions or not ladders:  # a declared ladder has its own lines (ladder_lines)
+            lines += failure_lines(attributions, threshold)
     else:
         if any(j.summary.get("arm") for j in sweep.jobs):
             lines.append("No run of these records declares an endpoint yet (a study whose evaluation has not run: "
