@@ -119,8 +119,8 @@ def horizon_lines(scope: Sequence[Job], others: Sequence[Job]) -> list[str]:
 
 def tuning_line(scope: Sequence[Job], others: Sequence[Job]) -> str | None:
     evaluated = {j.seed for j in scope if j.seed is not None}
-    arms = {(j.format, j.optimizer_label) for j in scope}
-    tuning = [j for j in others if (j.format, j.optimizer_label) in arms and j.seed not in evaluated]
+    arms = {(j.format, j.arm) for j in scope}
+    tuning = [j for j in others if (j.format, j.arm) in arms and j.seed not in evaluated]
     seeds = sorted({j.seed for j in tuning if j.seed is not None})
     if not tuning or not seeds:
         return None
@@ -133,11 +133,11 @@ def tuning_line(scope: Sequence[Job], others: Sequence[Job]) -> str | None:
 def tuning_runs(scope: Sequence[Job], others: Sequence[Job]) -> dict[tuple[str, str], dict[float, list[Job]]]:
     """Per evaluated (format, arm): the tuning runs at the evaluation's horizon, by lr."""
     evaluated = {j.seed for j in scope}
-    arms = {(j.format, j.optimizer_label) for j in scope}
+    arms = {(j.format, j.arm) for j in scope}
     horizons = {_steps(j) for j in scope if j.state == "completed"}
     out: dict[tuple[str, str], dict[float, list[Job]]] = {}
     for j in others:
-        key = (j.format, j.optimizer_label)
+        key = (j.format, j.arm)
         if key in arms and j.seed not in evaluated and j.lr is not None and j.state in ("completed", "diverged") \
                 and (j.state == "diverged" or _steps(j) in horizons):
             out.setdefault(key, {}).setdefault(j.lr, []).append(j)
@@ -147,7 +147,7 @@ def tuning_runs(scope: Sequence[Job], others: Sequence[Job]) -> dict[tuple[str, 
 def lr_grid_line(scope: Sequence[Job], others: Sequence[Job]) -> str | None:
     """How coarse the lr scan was, and what lay one step above each evaluated lr on the tuning seeds."""
     runs = tuning_runs(scope, others)
-    picks = {(j.format, j.optimizer_label): j.lr for j in scope if j.lr is not None}
+    picks = {(j.format, j.arm): j.lr for j in scope if j.lr is not None}
     ratios, above, diverged, counted = [], [], 0, 0
     for key, by_lr in runs.items():
         lrs = sorted(by_lr)

@@ -140,7 +140,9 @@ def job_field(job: Job, name: str) -> Any:
     """The value of one cell field for a job (setup and config: their hashes)."""
     if name == "stage":
         return stage_of(job)
-    if name in ("format", "optimizer_label", "storage", "lr"):
+    if name == "optimizer_label":  # a study arm where the run recorded one (conf/arm/), else the optimizer label
+        return job.arm
+    if name in ("format", "storage", "lr"):
         return getattr(job, name)
     if name == "config":
         return stable_hash(configuration(job))

@@ -6,17 +6,19 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from altgrad.report import plots, tables
+from altgrad.report import plots, provenance, tables
+from altgrad.report import study_records as records
 from altgrad.report.benefit import stability_thresholds, ulp_benefits
 from altgrad.report.caveats import caveat_lines, tuning_runs
 from altgrad.report.cells import Cell, group_cells
 from altgrad.report.findings import findings
+from altgrad.report.ladder import ladder, recovery
 from altgrad.report.load import Job, load_sweeps
 from altgrad.report.mechanism import has_updates, speeds
 from altgrad.report.order import OPTIMIZER_ORDER, rank
 from altgrad.report.sensitivity import neighbours
 from altgrad.report.stages import attribute_failures
-from altgrad.report.study import SameGrid, StudyResult, analyse, declared_endpoints, endpoint_problems
+from altgrad.report.study import SameGrid, StudyResult, analyse, declared_endpoints, endpoint_problems, label_of
 
 REPORT_NAME = "report.md"
 
@@ -61,7 +63,7 @@ def study_curves(results: Sequence[StudyResult]) -> list[plots.CurveGroup]:
     for result in results:
         off = {id(j) for j in result.off_lr}
         for job in result.jobs:
-            groups.setdefault((job.format, job.optimizer_label, job.lr, id(job) in off), []).append(job)
+            groups.setdefault((job.format, label_of(job, result.endpoint), job.lr, id(job) in off), []).append(job)
     return [plots.CurveGroup(fmt, arm, arm + (f" lr={lr:g} (lr sensitivity)" if dashed else ""), tuple(jobs), dashed)
             for (fmt, arm, lr, dashed), jobs in sorted(groups.items(), key=lambda kv: (
                 kv[0][3], rank(OPTIMIZER_ORDER, kv[0][1]), kv[0][2] or 0.0))]
@@ -105,19 +107,19 @@ def write_report(sweep_dirs: Sequence[str | os.PathLike[str]], out_dir: str | os
     studies = [(next((j.get("experiment") for j in js if j.get("experiment")), None), analyse(ep, js, rule))
                for ep, js in declared_endpoints(sweep.jobs)]
     results = [result for _, result in studies]
-    in_studies = {id(j) for r in results for j in r.jobs}
+    in_studies = {id(j) for r in results for j in (*r.jobs, *r.ladder_jobs)}
     outside_studies = [j for j in sweep.jobs if id(j) not in in_studies]
     near = [neighbours(r, outside_studies) for r in results]
     bad_declarations = endpoint_problems(sweep.jobs)
     speed = speeds(main_cells or cells)
-    palette = plots.arm_palette([j.optimizer_label for j in sweep.jobs])
+    palette = plots.arm_palette([j.arm for j in sweep.jobs])
 
     if results:  # the evaluation's curves; the tuning runs go to the lr–loss figure
         val_png = plots.plot_curves(study_curves(results), out / "val_loss.png", palette,
                                     title="Validation loss of the evaluation", log_y=True)
         declared = [j for r in results for j in r.declared_jobs]
         scans = [j for runs in tuning_runs(declared, outside_studies).values() for js in runs.values() for j in js]
-        picks = {(j.format, j.optimizer_label): j.lr for j in declared if j.lr is not None}
+        picks = {(j.format, j.arm): j.lr for j in declared if j.lr is not None}
     else:
         shown, scans = scans_and_picks(main_cells)
         val_png = plots.plot_val_loss(shown, out / "val_loss.png", palette=palette)
@@ -142,6 +144,17 @@ def write_report(sweep_dirs: Sequence[str | os.PathLike[str]], out_dir: str | os
         findings(sweep, cells, benefits, attributions, threshold, studies, rule, near),
         "",
     ]
+    study_records = provenance.applies(sweep.jobs)  # a study's records (arms, data files): study 2 onwards
+    if study_records:
+        tuned = records.tuning(sweep.jobs, [j for r in results for j in r.declared_jobs])
+        horizons = sorted({r.endpoint.horizon for r in results if r.endpoint.horizon is not None})
+        pilot = records.pilot_rows(sweep.jobs, horizons)
+        power = records.read_power(sweep.roots)
+        extra = records.horizon_lines(results) + records.tuning_lines(tuned)
+        extra += [line for r in results if r.endpoint.label == "arm" for line in records.mechanism_lines(r)]
+        if any(r.endpoint.label == "arm" for r in results) or power is not None:
+            extra.append(records.power_line(power))
+        parts[-2] += "".join(f"\n- {line}" for line in extra)
     caveats = caveat_lines(sweep.jobs, [j for result in results for j in result.declared_jobs], results)
     if caveats:
         parts += ["### Caveats", "", "\n".join(f"- {line}" for line in caveats), ""]
@@ -157,8 +170,35 @@ def write_report(sweep_dirs: Sequence[str | os.PathLike[str]], out_dir: str | os
                    "evidence of no difference. `seeds a TOST needs`: the seed pairs for 80 % power to show a tie when "
                    "the true Δ is 0, from the paired SD, at the level each test is sure to get under the correction "
                    f"({result.single_test_level:.3g}); `underpowered` when fewer ran."), "",
-                  tables.study_table(result), "",
-                  "Ranking on the primary contrast (a format benefits most only when it has a `benefit` verdict "
+                  tables.study_table(result), ""]
+        if result.secondary:
+            parts += [(f"Secondary family (the why, by intervention; {result.endpoint.correction} over its "
+                       f"{len(result.secondary)} tests, apart from the primary family; an interaction Δ(first) − "
+                       "Δ(second) is the per-seed difference of two contrasts' Δ in one format):"), "",
+                      tables.study_table(result, result.secondary), ""]
+        if result.controls:
+            parts += [(f"Controls (expected ≈ 0): a `tie` only when the {result.endpoint.correction}-corrected "
+                       f"equivalence test (TOST ±{result.endpoint.tie_margin:g}) rejects over the "
+                       f"{len(result.controls)} control tests; a control never claims a difference:"), "",
+                      tables.study_table(result, result.controls), ""]
+        lad = ladder(result)
+        if lad is not None:
+            ladder_png = plots.plot_ladder(lad, out / ("failure_ladder.png" if k == 0 else f"failure_ladder_{k}.png"))
+            parts += [(f"Failure stages as declared: each stage − {lad.reference_format} {lad.reference_arm} "
+                       f"({lad.reference_seeds} seeds), paired by seed; a stage fails when Δ > {lad.margin:g} by the "
+                       "one-sided paired t-test, Holm over every stage of every format; a failed run enters at its "
+                       "initial loss. The step from the stage before is in the next-to-last column."), "",
+                      tables.ladder_table(lad), "",
+                      _figure(ladder_png, "Δ per failure stage and format", "No failure stage paired with its "
+                              "reference yet."), ""]
+        rec = recovery(result)
+        if result.endpoint.recovery is not None and result.endpoint.label == "arm":
+            parts += [(f"Recovery: each arm − {result.endpoint.recovery.reference} (the same forward grid, float32 "
+                       "master weights) per format, paired by seed: what storing the weights on the grid costs; "
+                       f"`recovers` when the Holm-corrected TOST ±{result.endpoint.tie_margin:g} rejects."), "",
+                      tables.recovery_table(rec, result.endpoint.recovery.reference, result.endpoint.tie_margin)
+                      if rec else "_No recovery arm has runs yet._", ""]
+        parts += ["Ranking on the primary contrast (a format benefits most only when it has a `benefit` verdict "
                   "and every interval in the last column lies below zero):", "",
                   tables.ranking_table(result), "",
                   _figure(mantissa_png, "Δ and updates below half a ULP against mantissa bits",
@@ -217,6 +257,8 @@ def write_report(sweep_dirs: Sequence[str | os.PathLike[str]], out_dir: str | os
                   tables.stage_summary_table(attributions), "", tables.stage_table(attributions), "",
                   _figure(stage_val_png, "validation loss per failure stage", "No failure_stage job logged val/loss."),
                   ""]
+    elif any(r.endpoint.stages is not None and r.endpoint.label == "arm" for r in results):
+        parts += ["_The declared failure-stage ladder is analysed in its declared endpoint's section above._", ""]
     else:
         parts += ["_No failure_stage jobs in these sweeps._", ""]
     parts += ["## Why: update stalls, flips, gradient fidelity, effective bits", ""]
@@ -242,6 +284,25 @@ def write_report(sweep_dirs: Sequence[str | os.PathLike[str]], out_dir: str | os
         parts += [f"_{grid_note}_", ""]
     parts += ["## Configuration vs final loss", "",
               _figure(parallel_png, "parallel coordinates", "No run with a final loss or divergence."), ""]
+    if study_records:
+        parts += ["## Study records: pilot, tuning, mechanism", ""]
+        if pilot:
+            parts += ["The pilot's horizon table: each pilot run's validation loss at H and at "
+                      f"{records.HORIZON_FACTOR}H (H: the declared horizon; none declared: a quarter of the run).", "",
+                      records.pilot_table(pilot), ""]
+        if tuned:
+            parts += ["Tuning: the mean final validation loss over the tuning seeds at each scanned lr per format × "
+                      "arm (failed: every seed diverged or crashed); the pick (the lr the evaluation ran, else the "
+                      "lowest mean without a failed seed) and whether a scanned lr lies on each side of it.", "",
+                      records.tuning_table(tuned), ""]
+        parts += [records.power_line(power), ""]
+        for r in results:
+            if r.endpoint.label == "arm" and records.mechanism_by_arm(r):
+                parts += [f"Is the mechanism active? Per arm and format, medians over runs (descriptive; horizon "
+                          f"{r.endpoint.horizon}):", "", records.mechanism_table(r), ""]
+    if provenance.applies(sweep.jobs):
+        parts += ["## Provenance", "", "\n".join(f"- {line}" if not line.startswith("  ") else line
+                                                 for line in provenance.provenance_lines(sweep.jobs)), ""]
     parts += ["## Jobs", "",
               f"{len(sweep.jobs)} job dirs found; {len(not_completed)} did not complete.", ""]
     if not_completed:

@@ -137,7 +137,34 @@ class Endpoint:
                 + f"; formats: {fams}; storage {self.storage}; {self.correction} correction at α = {self.alpha:g}; "
                 f"tie margin ±{self.tie_margin:g}; "
                 + ("pooled" if self.pooled_variance else "per-format") + " variance; failed runs enter as "
-                + ("their initial loss" if self.failure_value == "initial_val_loss" else "missing (excluded)"))
+                + ("their initial loss" if self.failure_value == "initial_val_loss" else "missing (excluded)")
+                + (self._arm_parts() if self.label == "arm" else ""))
+
+    def _arm_parts(self) -> str:
+        """What an arm-labelled declaration adds: its named contrasts' signs and formats, the secondary family, its
+        interactions, controls, the failure-stage ladder and recovery."""
+        def named(c: Contrast) -> str:
+            sign = f" (expect {c.expect})" if c.expect != "none" else ""
+            return (f"{c.label} " if c.label else "") + c.name + sign + (f" in {', '.join(c.formats)}" if c.formats
+                                                                          else "")
+
+        parts = ["; cells named by arm (compared whatever their storage)",
+                 "; named: " + ", ".join(named(c) for c in self.contrasts if c.label) if any(
+                     c.label for c in self.contrasts) else ""]
+        if self.secondary:
+            parts.append("; secondary family: " + ", ".join(named(c) for c in self.secondary))
+        if self.interactions:
+            parts.append("; interactions: " + ", ".join(
+                f"{x.label} = Δ({x.first}) − Δ({x.second})" + (f" (expect {x.expect})" if x.expect != "none" else "")
+                for x in self.interactions))
+        if self.controls:
+            parts.append("; controls (TOST only): " + ", ".join(named(c) for c in self.controls))
+        if self.stages is not None:
+            parts.append(f"; failure stages {' → '.join(self.stages.arms)} against {self.stages.reference_format} "
+                         f"{self.stages.reference_arm}")
+        if self.recovery is not None:
+            parts.append(f"; recovery of {', '.join(self.recovery.arms)} against {self.recovery.reference}")
+        return "".join(parts)
 
 
 def _fail(key: str, value: Any, valid: str) -> ValueError:

@@ -15,12 +15,15 @@ from collections.abc import Callable, Sequence
 
 from altgrad.report.benefit import Benefit
 from altgrad.report.cells import Cell, describe, varying_fields
+from altgrad.report.endpoint import Contrast
+from altgrad.report.ladder import Ladder, Recovered, ladder, recovery
 from altgrad.report.load import STATES, Sweep
-from altgrad.report.order import FORMAT_ORDER, REFERENCE_FORMATS, mantissa_bits, rank
+from altgrad.report.order import FORMAT_ORDER, REFERENCE_FORMATS, exponent_bits, mantissa_bits, rank
 from altgrad.report.stages import FormatAttribution
 from altgrad.report.sensitivity import Neighbour
 from altgrad.report.stats import TOST_POWER, holm, spearman
-from altgrad.report.study import Arm, Comparison, SameGrid, StudyResult, grid_classes
+from altgrad.report.study import (Arm, Comparison, SameGrid, StudyResult, grid_classes, missing_parts,
+                                  sign_check)
 from altgrad.report.tables import ci_text, num, sig
 
 STALL = "mean_stall_ratio"
@@ -268,8 +271,14 @@ def findings(sweep: Sweep, cells: Sequence[Cell], benefits: Sequence[Benefit],
         for k, (experiment, result) in enumerate(studies):
             near = sensitivity[k] if k < len(sensitivity) else ()
             lines += study_lines(result, experiment, near) + study_why_lines(result)
-        lines += failure_lines(attributions, threshold)
+        ladders = any(r.endpoint.label == "arm" and r.endpoint.stages is not None for _, r in studies)
+        if attributions or not ladders:  # a declared ladder has its own lines (ladder_lines)
+            lines += failure_lines(attributions, threshold)
     else:
+        if any(j.summary.get("arm") for j in sweep.jobs):
+            lines.append("No run of these records declares an endpoint yet (a study whose evaluation has not run: "
+                         "its pilot or tuning only): what follows is exploratory, and no declared question is "
+                         "answered.")
         lines += answer(benefits, same_grid=same_grid) + failure_lines(attributions, threshold)
         lines += why_lines(benefits, cells)
     return "\n".join(f"- {line}" for line in lines)
@@ -292,15 +301,16 @@ def margin_line(result: StudyResult) -> str | None:
             f"losses ({lo:.3f}–{hi:.3f}, the base of these percentages).")
 
 
-def _underpowered_text(comps: Sequence[Comparison], result: StudyResult) -> str:
-    """Why "not established" is no verdict: the equivalence test could not reach its level with the seeds run."""
+def _underpowered_text(comps: Sequence[Comparison], result: StudyResult, level: float | None = None) -> str:
+    """Why "not established" is no verdict: the equivalence test could not reach its level with the seeds run
+    (``level``: the family's single-test level; default the primary family's)."""
     ep = result.endpoint
     weak = [c for c in comps if c.underpowered]
     if not weak:
         return ""
     n = sorted({len(c.deltas) for c in weak})
     sds = [c.paired_sd for c in weak if c.paired_sd is not None]
-    level = result.single_test_level
+    level = result.single_test_level if level is None else level
     return (f" — neither a difference nor a tie is shown: the equivalence test (TOST ±{ep.tie_margin:g}) is "
             f"underpowered at {'/'.join(map(str, n))} seed pairs: needs ≈ "
             + ", ".join(f"{c.equivalence_seeds} ({c.format})" for c in weak)
@@ -362,6 +372,184 @@ def sensitivity_lines(result: StudyResult, near: Sequence[Neighbour]) -> list[st
     return lines
 
 
+def _contrast_line(contrast: Contrast, comps: Sequence[Comparison], result: StudyResult,
+                   beside: dict | None = None, level: float | None = None) -> str:
+    """One contrast's verdicts over its formats, and where a sign was declared, the observed sign beside it."""
+    ep = result.endpoint
+    beside = beside or {}
+    what_of = {"benefit": "lower loss (treatment helps)", "harm": "higher loss (treatment hurts)",
+               "tie": f"equivalent within ±{ep.tie_margin:g} (TOST)"}
+    if contrast.reference.startswith("Δ("):  # an interaction: a difference of two contrasts' Δ
+        what_of.update(benefit=f"negative ({contrast.treatment} below {contrast.reference})",
+                       harm=f"positive ({contrast.treatment} above {contrast.reference})")
+    parts = []
+    for verdict in ("benefit", "harm", "tie"):
+        hit = [c for c in comps if c.verdict == verdict]
+        if hit:
+            parts.append(f"{what_of[verdict]} in " + ", ".join(
+                f"{c.format} (Δ = {c.test.mean:+.4f}, adjusted p = "
+                f"{c.tost_adjusted if verdict == 'tie' else c.p_adjusted:.3g}"
+                + (f"; against {contrast.reference} at lr {n.lr:g} instead: "
+                   f"{_neighbour_text(n, 1 - ep.alpha)}, uncorrected"
+                   if (n := beside.get((contrast, c.format))) is not None else "") + ")" for c in hit))
+    rest = [c for c in comps if c.verdict == "not established"]
+    if rest:
+        parts.append("not established in " + ", ".join(
+            c.format + (f" ({c.why_missing})" if c.why_missing else
+                        f" (Δ = {c.test.mean:+.4f})" if contrast.label and c.test.mean is not None else "")
+            for c in rest) + _underpowered_text(rest, result, level))
+    text = f"{contrast.label + ' (' + contrast.name + ')' if contrast.label else contrast.name}: " + "; ".join(parts)
+    if contrast.expect != "none" and comps:
+        checks: dict[str, list[str]] = {}
+        for c in comps:
+            checks.setdefault(sign_check(c), []).append(c.format)
+        text += (f". Declared sign: {contrast.expect}; observed: "
+                 + "; ".join(f"{k} in {', '.join(v)}" for k, v in checks.items()))
+    return text + "."
+
+
+def format_control_lines(result: StudyResult) -> list[str]:
+    """Formats without exponent bits (one ULP per tensor: a ULP-aware step is a plain one there) are the format
+    control of every primary contrast: their equivalence test beside their difference test (arm-labelled
+    declarations, which name e0m7 the format control)."""
+    ep = result.endpoint
+    if ep.label != "arm":
+        return []
+    lines = []
+    for c in result.comparisons:
+        if exponent_bits(c.format) != 0 or c.test.mean is None:
+            continue
+        ci = c.ci
+        seeds = ("" if c.equivalence_seeds is None else
+                 f"; underpowered: needs ≈ {c.equivalence_seeds} seeds" if c.underpowered else "")
+        held = ("equivalent (a tie)" if c.verdict == "tie" else
+                "a difference, not a tie" if c.verdict in ("benefit", "harm") else "equivalence not shown")
+        name = f"{c.contrast.label} ({c.contrast.name})" if c.contrast.label else c.contrast.name
+        lines.append(f"Format control {c.format} (no exponent bits: one ULP per tensor, where a ULP-aware step is a "
+                     f"plain one, so Δ ≈ 0 is expected): {name} Δ = {c.test.mean:+.4f}, {100 * c.confidence:g}% CI "
+                     f"{_ci(ci)}, {ep.correction} p = {c.p_adjusted:.3g}; TOST ±{ep.tie_margin:g} {ep.correction} "
+                     f"p = {c.tost_adjusted:.3g}: {held}{seeds}.")
+    return lines
+
+
+def secondary_lines(result: StudyResult) -> list[str]:
+    """The second family (the "why" by intervention within a format): its contrasts and interactions, corrected
+    together, each with its declared sign."""
+    ep = result.endpoint
+    comps = result.secondary
+    if not comps:
+        return []
+    level = result.family_level(comps)
+    n_x = sum(1 for c in comps if c.contrast.reference.startswith("Δ("))
+    lines = [f"Secondary family (the why, by intervention within a format): {len(comps) - n_x} contrast test(s) and "
+             f"{n_x} interaction test(s) (Δ(first) − Δ(second), paired by seed), {ep.correction}-corrected together "
+             "apart from the primary family."]
+    for contrast in dict.fromkeys(c.contrast for c in comps):
+        lines.append(_contrast_line(contrast, [c for c in comps if c.contrast == contrast], result, level=level))
+    return lines
+
+
+def intervention_lines(result: StudyResult) -> list[str]:
+    """The mechanism by intervention in one line: each named contrast with a declared sign (and each interaction and
+    control) and what the runs say of it, per format."""
+    comps = [c for c in (*result.comparisons, *result.secondary) if c.contrast.label and c.contrast.expect != "none"]
+    if not (result.secondary or result.controls) or not (comps or result.controls):
+        return []
+    parts = []
+    for contrast in dict.fromkeys(c.contrast for c in comps):
+        checks: dict[str, list[str]] = {}
+        for c in (c for c in comps if c.contrast == contrast):
+            checks.setdefault(sign_check(c), []).append(c.format)
+        parts.append(f"{contrast.label} (expect {contrast.expect}): "
+                     + ", ".join(f"{k} in {'/'.join(v)}" for k, v in checks.items()))
+    for contrast in dict.fromkeys(c.contrast for c in result.controls):
+        here = [c for c in result.controls if c.contrast == contrast]
+        parts.append(f"{contrast.label or contrast.name} (expect ≈ 0): "
+                     + ", ".join(f"{'tie' if c.verdict == 'tie' else 'equivalence not shown'} in {c.format}"
+                                 for c in here))
+    return ["The mechanism by intervention, declared sign against the runs: " + "; ".join(parts) + "."]
+
+
+def control_lines(result: StudyResult) -> list[str]:
+    """Controls (expected ≈ 0): judged by the equivalence test only, never as a difference."""
+    ep = result.endpoint
+    comps = result.controls
+    if not comps:
+        return []
+    level = result.family_level(comps)
+    lines = []
+    for contrast in dict.fromkeys(c.contrast for c in comps):
+        parts = []
+        for c in (c for c in comps if c.contrast == contrast):
+            if c.test.mean is None:
+                parts.append(f"{c.format}: no test ({c.why_missing or 'no seed pairs'})")
+                continue
+            held = "a tie" if c.verdict == "tie" else "equivalence not shown"
+            ci = c.ci
+            if c.verdict != "tie" and ci is not None and (ci[0] > ep.tie_margin or ci[1] < -ep.tie_margin):
+                held += f" (its CI lies beyond ±{ep.tie_margin:g}: the control does not hold at this margin)"
+            parts.append(f"{c.format}: Δ = {c.test.mean:+.4f}, {100 * c.confidence:g}% CI {_ci(c.ci)}, TOST "
+                         f"±{ep.tie_margin:g} {ep.correction} p = {c.tost_adjusted:.3g}: {held}"
+                         + _underpowered_text([c], result, level))
+        name = f"{contrast.label} ({contrast.name})" if contrast.label else contrast.name
+        lines.append(f"Control {name}, expected ≈ 0 and judged by equivalence only ({ep.correction} over the "
+                     f"{len(comps)} control test(s)): " + "; ".join(parts) + ".")
+    return lines
+
+
+def ladder_lines(lad: Ladder | None) -> list[str]:
+    """Where each format fails on the declared ladder: its first rung whose Δ exceeds the margin significantly."""
+    if lad is None:
+        return []
+    if lad.reference_seeds == 0:
+        return [f"Failure stages: the reference cell ({lad.reference_format} {lad.reference_arm}) has no runs yet, "
+                "so no stage is judged."]
+    lines = [f"Failure stages (each stage − {lad.reference_format} {lad.reference_arm}, paired by seed; a stage fails "
+             f"when Δ > {lad.margin:g} by the one-sided paired t-test, Holm over the {len(lad.rungs)} stages × "
+             f"formats at α = {lad.alpha:g}):"]
+    parts = []
+    for fmt in lad.formats:
+        rungs = [r for r in lad.rungs if r.format == fmt and r.deltas]
+        first = lad.failing(fmt)
+        if not rungs:
+            parts.append(f"{fmt}: no stage has runs paired with the reference yet")
+        elif first is None:
+            top = max(rungs, key=lambda r: r.vs_reference.mean or 0.0)
+            parts.append(f"{fmt}: no stage run fails ({len(rungs)} stage(s) run; largest Δ "
+                         f"{top.vs_reference.mean:+.4f} at {top.arm}, Holm p = {top.p_adjusted:.3g})")
+        else:
+            ci = first.vs_reference.ci()
+            step = first.vs_previous
+            parts.append(f"{fmt} first fails at **{first.arm}** (Δ = {first.vs_reference.mean:+.4f}, 95% CI "
+                         f"{_ci(ci)}, Holm p = {first.p_adjusted:.3g}"
+                         + (f", {first.failures} of {first.runs} runs failed" if first.failures else "")
+                         + (f"; its step over the stage before: {step.mean:+.4f}, 95% CI {_ci(step.ci())}"
+                            if step.mean is not None else "") + ")")
+    return [lines[0] + " " + "; ".join(parts) + "."]
+
+
+def recovery_lines(result: StudyResult, rows: Sequence[Recovered]) -> list[str]:
+    """What weight storage on the grid costs each arm against float32-master AdamW, and which arms recover it."""
+    ep = result.endpoint
+    if ep.recovery is None or ep.label != "arm":
+        return []
+    if not rows:
+        return [f"Recovery: no arm has runs beside {ep.recovery.reference} yet."]
+    parts = []
+    for fmt in dict.fromkeys(r.format for r in rows):
+        here = [r for r in rows if r.format == fmt and r.test.mean is not None]
+        if not here:
+            parts.append(f"{fmt}: no seed pairs")
+            continue
+        by: dict[str, list[str]] = {}
+        for r in here:
+            by.setdefault(r.verdict, []).append(f"{r.arm} {r.test.mean:+.4f}")
+        parts.append(f"{fmt}: " + "; ".join(f"{v} — {', '.join(a)}" for v, a in by.items()))
+    return [f"Recovery (arm − {ep.recovery.reference}, the same forward grid on float32 master weights; `recovers`: "
+            f"TOST ±{ep.tie_margin:g} Holm p < α; `costs`/`gains`: the difference test, Holm over arms × formats): "
+            + " | ".join(parts) + "."]
+
+
 def study_lines(result: StudyResult, experiment: str | None = None,
                 near: Sequence[Neighbour] = ()) -> list[str]:
     """The answer of a declared study: only what survives its declared correction; "not established" otherwise.
@@ -378,6 +566,13 @@ def study_lines(result: StudyResult, experiment: str | None = None,
     if result.missing_formats:
         lines.append("Declared but not run (counted in the family with p = 1): "
                      + ", ".join(result.missing_formats) + ".")
+    if ep.label == "arm":
+        absent = missing_parts(result)
+        if absent:
+            lines.append("Declared parts with no records yet (a study still running, or stages not run; their tests "
+                         "count in their family with p = 1 and say so below): " + "; ".join(
+                             f"{arm} in {', '.join(fmts)} (for {', '.join(needs)})" for arm, fmts, needs in absent)
+                         + ".")
     margin = margin_line(result)
     if margin:
         lines.append(margin)
@@ -409,25 +604,10 @@ def study_lines(result: StudyResult, experiment: str | None = None,
         lines.append(text)
     beside = {(n.contrast, n.format): n for n in near if n.source == "evaluation"}
     for contrast in ep.contrasts:
-        comps = result.of(contrast)
-        parts = []
-        for verdict in ("benefit", "harm", "tie"):
-            hit = [c for c in comps if c.verdict == verdict]
-            if hit:
-                what = {"benefit": "lower loss (treatment helps)", "harm": "higher loss (treatment hurts)",
-                        "tie": f"equivalent within ±{ep.tie_margin:g} (TOST)"}[verdict]
-                parts.append(f"{what} in " + ", ".join(
-                    f"{c.format} (Δ = {c.test.mean:+.4f}, adjusted p = "
-                    f"{c.tost_adjusted if verdict == 'tie' else c.p_adjusted:.3g}"
-                    + (f"; against {contrast.reference} at lr {n.lr:g} instead: "
-                       f"{_neighbour_text(n, 1 - ep.alpha)}, uncorrected"
-                       if (n := beside.get((contrast, c.format))) is not None else "") + ")" for c in hit))
-        rest = [c for c in comps if c.verdict == "not established"]
-        if rest:
-            parts.append("not established in " + ", ".join(
-                c.format + (f" ({c.why_missing})" if c.why_missing else "") for c in rest)
-                + _underpowered_text(rest, result))
-        lines.append(f"{contrast.name}: " + "; ".join(parts) + ".")
+        lines.append(_contrast_line(contrast, result.of(contrast), result, beside))
+    lines += format_control_lines(result)
+    lines += secondary_lines(result) + control_lines(result) + intervention_lines(result)
+    lines += ladder_lines(ladder(result)) + recovery_lines(result, recovery(result))
     failing = [a for a in result.arms.values() if a.n_failures]
     if failing:
         entered = ("at their initial validation loss (counted as learning nothing)"

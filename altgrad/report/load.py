@@ -61,6 +61,12 @@ class Job:
         return str(self.summary.get("optimizer_label") or self.optimizer)
 
     @property
+    def arm(self) -> str:
+        """The study arm the run recorded (``+arm=NAME``, conf/arm/), else its optimizer label: what an arm-labelled
+        study (endpoint ``label: arm``) names and compares it by."""
+        return str(self.summary.get("arm") or _override_values(self.overrides).get("arm") or self.optimizer_label)
+
+    @property
     def master(self) -> str:
         return str(self.summary.get("master") or _override_values(self.overrides).get("quant.master") or "fp32")
 

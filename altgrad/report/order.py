@@ -134,6 +134,17 @@ def mantissa_bits(fmt: str) -> int | None:
     return int(tail) if head.startswith("e") and head[1:].isdigit() and tail.isdigit() else None
 
 
+def exponent_bits(fmt: str) -> int | None:
+    """E of a format label: the registered option's format, else the preset of that name, else parsed from
+    ``eXmY``; None for fp32 or a name it cannot read."""
+    option = next((o for o in format_options() if o.label == fmt), None)
+    name = option.name if option is not None else fmt
+    if name in list_formats():
+        return get_format(name).ebits
+    head, _, tail = name.partition("m")
+    return int(head[1:]) if head.startswith("e") and head[1:].isdigit() and tail.isdigit() else None
+
+
 def recorded_format_label(recorded: Any, config_format: Mapping[str, Any] | None) -> Any:
     """The format label of a run recorded before runs kept one: the registered option with the run's format name
     and gradient format (bf16 with unquantized gradients is bf16_ref), else what the run recorded."""

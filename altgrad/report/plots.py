@@ -15,6 +15,7 @@ from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from altgrad.report.benefit import Benefit
 from altgrad.report.cells import Cell, describe, varying_fields
+from altgrad.report.ladder import Ladder
 from altgrad.report.load import Job
 from altgrad.report.order import FORMAT_ORDER, OPTIMIZER_ORDER, STORAGE_ORDER, mantissa_bits, preset_of, rank
 from altgrad.report.study import StudyResult
@@ -135,7 +136,7 @@ def plot_lr_scan(jobs: Sequence[Job], path: Path, palette: dict[str, Colour],
     by: dict[tuple[str, str], dict[float, list[Job]]] = {}
     for j in jobs:
         if j.lr is not None and j.lr > 0 and j.state in ("completed", "diverged"):
-            by.setdefault((j.format, j.optimizer_label), {}).setdefault(j.lr, []).append(j)
+            by.setdefault((j.format, j.arm), {}).setdefault(j.lr, []).append(j)
     by = {k: v for k, v in by.items() if len(v) >= 2}
     if not by:
         return None
@@ -391,3 +392,36 @@ def _numeric_axis(title: str, values: Sequence[float]) -> tuple[str, list[float]
     if hi == lo:
         return title, [0.5] * len(values), {0.5: f"{lo:.4g}"}
     return title, [(v - lo) / (hi - lo) for v in values], {0.0: f"{lo:.4g}", 1.0: f"{hi:.4g}"}
+
+
+def plot_ladder(lad: Ladder | None, path: Path) -> Path | None:
+    """Failure stages: Δ of each ladder stage against the reference cell per format, with its paired 95% CI; the
+    tie margin dashed (a stage fails when its Δ exceeds it significantly); failing stages filled, others hollow."""
+    if lad is None or not any(r.vs_reference.mean is not None for r in lad.rungs):
+        return None
+    arms = list(dict.fromkeys(r.arm for r in lad.rungs))
+    fig = Figure(figsize=(1.3 * len(arms) + 3.0, 4.0), layout="constrained")
+    ax = fig.add_subplot(1, 1, 1)
+    cmap = colormaps["tab10"]
+    width = 0.6 / max(len(lad.formats), 1)
+    for k, fmt in enumerate(lad.formats):
+        colour = cmap(k % 10)
+        pts = [(arms.index(r.arm) + (k - (len(lad.formats) - 1) / 2) * width, r) for r in lad.rungs
+               if r.format == fmt and r.vs_reference.mean is not None]
+        if not pts:
+            continue
+        ax.plot([x for x, _ in pts], [r.vs_reference.mean for _, r in pts], color=colour, lw=0.8, alpha=0.6)
+        for x, r in pts:
+            ci = r.vs_reference.ci()
+            err = None if ci is None else [[r.vs_reference.mean - ci[0]], [ci[1] - r.vs_reference.mean]]
+            ax.errorbar(x, r.vs_reference.mean, yerr=err, fmt="o", color=colour, capsize=3,
+                        mfc=colour if r.fails else "white", label=fmt if x == pts[0][0] else None)
+    ax.axhline(0.0, color="k", lw=0.8)
+    ax.axhline(lad.margin, color="0.4", lw=0.8, ls="--", label=f"margin {lad.margin:g}")
+    ax.set_xticks(range(len(arms)))
+    ax.set_xticklabels(arms, fontsize=8)
+    ax.set_ylabel(f"Δ final val loss vs {lad.reference_format} {lad.reference_arm}")
+    ax.set_title("Failure stages (filled: fails, one-sided Holm)", fontsize=9)
+    ax.legend(fontsize=7)
+    ax.grid(axis="y", alpha=0.3)
+    return _save(fig, path)

@@ -25,7 +25,7 @@ from typing import Any
 from altgrad.report.endpoint import Contrast
 from altgrad.report.load import Job
 from altgrad.report.stats import TTest, t_test
-from altgrad.report.study import StudyResult, lr_of_arm, run_value
+from altgrad.report.study import StudyResult, label_of, lr_of_arm, run_value
 
 LR_KEYS = ("optimizer.lr", "baseline.lr")
 """The config keys a neighbouring lr may change (an arm's own lr and that of its grid-less parameters)."""
@@ -132,10 +132,10 @@ def neighbours(result: StudyResult, others: Sequence[Job]) -> list[Neighbour]:
             # tuning seeds: the same configuration on other seeds, beside the treatment's tuning run at its lr
             tuning: dict[float, list[Job]] = {}
             for job in others:
-                if job.lr is not None and job.optimizer_label == contrast.reference \
+                if job.lr is not None and label_of(job, result.endpoint) == contrast.reference \
                         and configuration(job, LR_KEYS) == ref_shape:
                     tuning.setdefault(job.lr, []).append(job)
-            treatment_tuning, _ = _per_seed([j for j in others if j.optimizer_label == contrast.treatment
+            treatment_tuning, _ = _per_seed([j for j in others if label_of(j, result.endpoint) == contrast.treatment
                                              and configuration(j) == treat_shape], result)
             keep = _nearest(sorted(tuning), declared_lr)
             out += _rows(contrast, fmt, "tuning", {lr: js for lr, js in tuning.items() if lr in keep}, declared_lr,

@@ -152,6 +152,9 @@ class StudyResult:
     notes: tuple[str, ...] = ()
     outside: tuple[Comparison, ...] = ()         # formats run but not declared (e.g. a wide reference): descriptive
     off_lr: tuple[Job, ...] = ()                 # the declaration's runs at an lr set by hand: out of the family
+    secondary: tuple[Comparison, ...] = ()       # the second family (its own correction): contrasts, interactions
+    controls: tuple[Comparison, ...] = ()        # expected ≈ 0: judged by TOST only (their own correction)
+    ladder_jobs: tuple[Job, ...] = ()            # the failure-stage ladder's runs (arm-labelled declarations)
 
     @property
     def single_test_level(self) -> float:
@@ -166,7 +169,32 @@ class StudyResult:
         return tuple(j for j in self.jobs if id(j) not in off)
 
     def of(self, contrast: Contrast) -> list[Comparison]:
-        return [c for c in self.comparisons if c.contrast == contrast]
+        return [c for c in (*self.comparisons, *self.secondary, *self.controls) if c.contrast == contrast]
+
+    def family_level(self, family: Sequence[Comparison]) -> float:
+        """The level each test of one family (primary, secondary or controls) is sure to be held to."""
+        ep = self.endpoint
+        return single_test_level(ep.correction, ep.alpha, len(family))
+
+
+def label_of(job: Job, ep: Endpoint) -> str:
+    """The name a declaration compares a job by: its arm (``label: arm``) or its optimizer label."""
+    return job.arm if ep.label == "arm" else job.optimizer_label
+
+
+def declared_arms(ep: Endpoint) -> tuple[str, ...]:
+    """Every arm the declaration's contrasts, secondary contrasts, controls and recovery name (not the ladder)."""
+    names = [lab for c in (*ep.contrasts, *ep.secondary, *ep.controls) for lab in (c.treatment, c.reference)]
+    if ep.recovery is not None:
+        names += [ep.recovery.reference, *ep.recovery.arms]
+    return tuple(dict.fromkeys(names))
+
+
+def ladder_arms(ep: Endpoint) -> tuple[str, ...]:
+    """The failure-stage ladder's arms, its reference first (none when no ladder is declared)."""
+    if ep.stages is None:
+        return ()
+    return tuple(dict.fromkeys((ep.stages.reference_arm, *ep.stages.arms)))
 
 
 def run_value(job: Job, ep: Endpoint) -> tuple[float | None, str]:
@@ -254,38 +282,90 @@ def grid_classes(formats: Sequence[str], same_grid: SameGrid | None) -> dict[str
 
 
 def analyse(ep: Endpoint, jobs: Sequence[Job], same_grid: SameGrid | None = None) -> StudyResult:
-    """The declared analysis of one endpoint over its jobs."""
-    jobs = tuple(j for j in jobs if j.storage == ep.storage)
+    """The declared analysis of one endpoint over its jobs.
+
+    An optimizer-labelled declaration reads the jobs of its declared storage; an arm-labelled one (``label: arm``)
+    compares arms whatever their storage, and keeps its failure-stage ladder's runs apart (``ladder_jobs``)."""
+    ladder_jobs: tuple[Job, ...] = ()
+    if ep.label == "arm":
+        named, ladder = set(declared_arms(ep)), set(ladder_arms(ep))
+        ladder_jobs = tuple(j for j in jobs if j.arm in ladder and j.arm not in named)
+        jobs = tuple(j for j in jobs if j.arm in named)
+    else:
+        jobs = tuple(j for j in jobs if j.storage == ep.storage)
     ran = sorted({j.format for j in jobs if j.format not in REFERENCE_FORMATS}, key=lambda f: rank(FORMAT_ORDER, f))
     declared = list(ep.formats) if ep.formats is not None else ran
-    classes = grid_classes(declared, same_grid)
+    own = [f for c in (*ep.contrasts, *ep.secondary, *ep.controls) for f in (c.formats or ()) if f not in declared]
+    every = grid_classes([*declared, *own], same_grid)   # the family's formats and those only a contrast names
+    rep_of = {m: r for r, ms in every.items() for m in ms}
+    classes = {r: ms for r, ms in every.items() if any(m in declared for m in ms)}
     formats = tuple(classes)
     merged = {r: m for r, m in classes.items() if len(m) > 1}
     missing = tuple(r for r, m in classes.items() if not any(f in ran for f in m))  # a grid no declared format ran
     notes: list[str] = []
     # a merged class is analysed through its representative's runs, or the first member that ran
-    source = {r: next((f for f in m if f in ran), r) for r, m in classes.items()}
+    source = {r: next((f for f in m if f in ran), r) for r, m in every.items()}
 
-    labels = sorted({lab for c in ep.contrasts for lab in (c.treatment, c.reference)})
+    labels = sorted({lab for c in (*ep.contrasts, *ep.secondary, *ep.controls) for lab in (c.treatment, c.reference)})
     arms: dict[tuple[str, str], Arm] = {}
     off_lr: list[Job] = []
-    for rep in formats:
+    for rep in every:
         fmt = source[rep]
         fjobs = [j for j in jobs if j.format == fmt]
         initials = [v for v in (j.summary.get("initial_val_loss") for j in fjobs)
                     if isinstance(v, (int, float)) and math.isfinite(v)]
         fallback = max(initials) if initials else None
         for label in labels:
-            own, off = split_off_lr([j for j in fjobs if j.optimizer_label == label])
+            mine, off = split_off_lr([j for j in fjobs if label_of(j, ep) == label])
+            if rep not in classes and not mine and not off:
+                continue  # a format only some contrast names, without runs of this arm
             off_lr += off
-            arm = build_arm(rep, label, own, ep, fallback)
+            arm = build_arm(rep, label, mine, ep, fallback)
             arms[(rep, label)] = arm
             notes.extend(arm.notes)
 
+    def contrast_formats(contrast: Contrast) -> tuple[str, ...]:
+        if contrast.formats is None:
+            return formats
+        return tuple(dict.fromkeys(rep_of.get(f, f) for f in contrast.formats))
+
     confidence = 1.0 - ep.alpha
-    raw: list[tuple[Contrast, str, Arm | None, Arm | None, dict[int, float], str | None]] = []
-    for contrast in ep.contrasts:
-        for rep in formats:
+    comparisons = _family(ep, ep.contrasts, contrast_formats, arms, confidence, pooled=ep.pooled_variance)
+    secondary = _family(ep, ep.secondary, contrast_formats, arms, confidence, pooled=False,
+                        interactions=_interaction_rows(ep, ep.secondary, contrast_formats, arms))
+    controls = _family(ep, ep.controls, contrast_formats, arms, confidence, pooled=False, equivalence_only=True)
+
+    ranking = rank_formats([c for c in comparisons if c.contrast == ep.primary_contrast], ep.alpha)
+    covered = {f for m in every.values() for f in m}
+    outside = []
+    contrast = ep.primary_contrast
+    for fmt in sorted({j.format for j in jobs} - covered, key=lambda f: rank(FORMAT_ORDER, f)):
+        fjobs = [j for j in jobs if j.format == fmt]
+        split = {lab: split_off_lr([j for j in fjobs if label_of(j, ep) == lab])
+                 for lab in (contrast.treatment, contrast.reference)}
+        if ep.label == "arm" and not any(runs for runs, _ in split.values()):
+            continue  # another family's arm ran here; the primary contrast has nothing in this format
+        off_lr += [j for _, off in split.values() for j in off]
+        t, r = (build_arm(fmt, lab, split[lab][0], ep, None) for lab in (contrast.treatment, contrast.reference))
+        deltas = {s: t.values[s] - r.values[s] for s in t.values if s in r.values}
+        test = t_test(list(deltas.values()))
+        outside.append(Comparison(contrast, fmt, t, r, deltas, test, confidence, test.p_value or 1.0, 1.0,
+                                  "outside the family"))
+    if off_lr:
+        notes.append(_off_lr_note(off_lr, ep))
+    return StudyResult(ep, jobs, formats, merged, missing, tuple(comparisons), ranking, arms, tuple(notes),
+                       tuple(outside), tuple(off_lr), tuple(secondary), tuple(controls), ladder_jobs)
+
+
+_Row = tuple[Contrast, str, Arm | None, Arm | None, dict[int, float], str | None]
+
+
+def _contrast_rows(contrasts: Sequence[Contrast], formats_of: Callable[[Contrast], tuple[str, ...]],
+                   arms: dict[tuple[str, str], Arm]) -> list[_Row]:
+    """Per contrast and format: the two arms, Δ per seed (paired) and why there is no test, if there is none."""
+    rows: list[_Row] = []
+    for contrast in contrasts:
+        for rep in formats_of(contrast):
             t, r = arms.get((rep, contrast.treatment)), arms.get((rep, contrast.reference))
             why = None
             if t is None or not t.jobs:
@@ -299,20 +379,59 @@ def analyse(ep: Endpoint, jobs: Sequence[Job], same_grid: SameGrid | None = None
             deltas = {} if why else {s: t.values[s] - r.values[s] for s in t.values if s in r.values}
             if why is None and len(deltas) < 2:
                 why = f"{len(deltas)} seed pair(s)"
-            raw.append((contrast, rep, t, r, deltas, why))
+            rows.append((contrast, rep, t, r, deltas, why))
+    return rows
 
-    pooled: dict[Contrast, tuple[float, float] | None] = {}
-    if ep.pooled_variance:
-        for contrast in ep.contrasts:
-            pooled[contrast] = pooled_sd([list(d.values()) for c, _, _, _, d, _ in raw if c == contrast])
-    tests = [t_test(list(d.values()), pooled.get(c)) for c, _, _, _, d, _ in raw]
+
+def interaction_contrast(first: str, second: str, label: str, expect: str) -> Contrast:
+    """An interaction as a contrast of two contrasts: Δ(first) − Δ(second), named by its declared name."""
+    return Contrast(f"Δ({first})", f"Δ({second})", label, expect)
+
+
+def _interaction_rows(ep: Endpoint, contrasts: Sequence[Contrast],
+                      formats_of: Callable[[Contrast], tuple[str, ...]],
+                      arms: dict[tuple[str, str], Arm]) -> list[_Row]:
+    """Per interaction and format both its contrasts cover: the per-seed double difference Δ(first) − Δ(second)."""
+    named = {c.label: c for c in (*ep.contrasts, *ep.secondary, *ep.controls) if c.label}
+    rows: list[_Row] = []
+    for x in ep.interactions:
+        a, b = named[x.first], named[x.second]
+        da = {rep: (d, why) for _, rep, _, _, d, why in _contrast_rows([a], formats_of, arms)}
+        db = {rep: (d, why) for _, rep, _, _, d, why in _contrast_rows([b], formats_of, arms)}
+        contrast = interaction_contrast(x.first, x.second, x.label, x.expect)
+        for rep in (f for f in da if f in db):
+            (d1, w1), (d2, w2) = da[rep], db[rep]
+            why = next((f"{n}: {w}" for n, w in ((x.first, w1), (x.second, w2)) if w and not w.endswith("pair(s)")),
+                       None)
+            deltas = {} if why else {s: d1[s] - d2[s] for s in d1 if s in d2}
+            if why is None and len(deltas) < 2:
+                why = f"{len(deltas)} seed pair(s)"
+            rows.append((contrast, rep, None, None, deltas, why))
+    return rows
+
+
+def _family(ep: Endpoint, contrasts: Sequence[Contrast], formats_of: Callable[[Contrast], tuple[str, ...]],
+            arms: dict[tuple[str, str], Arm], confidence: float, *, pooled: bool,
+            interactions: Sequence[_Row] = (), equivalence_only: bool = False) -> list[Comparison]:
+    """One family's tests, corrected together: contrasts × their formats (and interactions × formats).
+
+    ``equivalence_only`` (controls): the verdict is ``tie`` when the corrected TOST rejects, else ``not
+    established``; a difference is never claimed from a control."""
+    raw = _contrast_rows(contrasts, formats_of, arms) + list(interactions)
+    if not raw:
+        return []
+    pooled_by: dict[Contrast, tuple[float, float] | None] = {}
+    if pooled:
+        for contrast in contrasts:
+            pooled_by[contrast] = pooled_sd([list(d.values()) for c, _, _, _, d, _ in raw if c == contrast])
+    tests = [t_test(list(d.values()), pooled_by.get(c)) for c, _, _, _, d, _ in raw]
     adjust = CORRECTIONS[ep.correction]
     p_adj = adjust([t.p_value for t in tests])
     tost_adj = adjust([t.tost_p(ep.tie_margin) for t in tests])
     level = single_test_level(ep.correction, ep.alpha, len(tests))
-    comparisons = []
+    out = []
     for (contrast, rep, t, r, deltas, why), test, pa, ta in zip(raw, tests, p_adj, tost_adj):
-        if test.mean is not None and pa < ep.alpha:
+        if not equivalence_only and test.mean is not None and pa < ep.alpha:
             verdict = "benefit" if test.mean < 0 else "harm"
         elif ta < ep.alpha:
             verdict = "tie"
@@ -320,32 +439,67 @@ def analyse(ep: Endpoint, jobs: Sequence[Job], same_grid: SameGrid | None = None
             verdict = "not established"
         sd = None if test.se is None else test.se * math.sqrt(test.n)
         seeds = tost_seeds_needed(sd, ep.tie_margin, level) if sd is not None else None
-        comparisons.append(Comparison(contrast, rep, t, r, deltas, test, confidence, pa, ta, verdict, why, seeds))
-
-    ranking = rank_formats([c for c in comparisons if c.contrast == ep.primary_contrast], ep.alpha)
-    covered = {f for m in classes.values() for f in m}
-    outside = []
-    for fmt in sorted({j.format for j in jobs} - covered, key=lambda f: rank(FORMAT_ORDER, f)):
-        fjobs = [j for j in jobs if j.format == fmt]
-        contrast = ep.primary_contrast
-        split = {lab: split_off_lr([j for j in fjobs if j.optimizer_label == lab])
-                 for lab in (contrast.treatment, contrast.reference)}
-        off_lr += [j for _, off in split.values() for j in off]
-        t, r = (build_arm(fmt, lab, split[lab][0], ep, None) for lab in (contrast.treatment, contrast.reference))
-        deltas = {s: t.values[s] - r.values[s] for s in t.values if s in r.values}
-        test = t_test(list(deltas.values()))
-        outside.append(Comparison(contrast, fmt, t, r, deltas, test, confidence, test.p_value or 1.0, 1.0,
-                                  "outside the family"))
-    if off_lr:
-        notes.append(_off_lr_note(off_lr))
-    return StudyResult(ep, jobs, formats, merged, missing, tuple(comparisons), ranking, arms, tuple(notes),
-                       tuple(outside), tuple(off_lr))
+        out.append(Comparison(contrast, rep, t, r, deltas, test, confidence, pa, ta, verdict, why, seeds))
+    return out
 
 
-def _off_lr_note(jobs: Sequence[Job]) -> str:
+def missing_parts(result: StudyResult) -> list[tuple[str, tuple[str, ...], tuple[str, ...]]]:
+    """What the declaration asks for that no record holds yet: (arm, formats, the parts that need it), in the
+    declaration's order. Contrasts (primary, secondary, controls) need both arms in each of their formats; the
+    failure-stage ladder its every arm in each family format and its reference cell; recovery its reference in each
+    family format and each listed arm somewhere (an arm the plan runs in one format only is not missing elsewhere)."""
+    ep = result.endpoint
+    ran = {(j.format, j.arm if ep.label == "arm" else j.optimizer_label) for j in (*result.jobs, *result.ladder_jobs)}
+    family = [f for fs in ((result.merged.get(r) or (r,)) for r in result.formats) for f in fs]
+
+    def has(fmt: str, arm: str) -> bool:
+        members = next((m for r, m in result.merged.items() if fmt in m or fmt == r), (fmt,))
+        return any((f, arm) in ran for f in members)
+
+    wanted: dict[tuple[str, str], list[str]] = {}
+    for c in (*ep.contrasts, *ep.secondary, *ep.controls):
+        for fmt in (c.formats or tuple(family)):
+            for arm in (c.treatment, c.reference):
+                wanted.setdefault((arm, fmt), []).append(c.label or c.name)
+    if ep.stages is not None:
+        wanted.setdefault((ep.stages.reference_arm, ep.stages.reference_format), []).append("failure stages")
+        for arm in ep.stages.arms:
+            for fmt in family:
+                wanted.setdefault((arm, fmt), []).append("failure stages")
+    if ep.recovery is not None:
+        for fmt in family:
+            wanted.setdefault((ep.recovery.reference, fmt), []).append("recovery")
+        for arm in ep.recovery.arms:
+            if not any(a == arm for _, a in ran):
+                for fmt in family:
+                    wanted.setdefault((arm, fmt), []).append("recovery")
+    by_arm: dict[str, tuple[list[str], list[str]]] = {}
+    for (arm, fmt), parts in wanted.items():
+        if has(fmt, arm):
+            continue
+        fmts, needs = by_arm.setdefault(arm, ([], []))
+        if fmt not in fmts:
+            fmts.append(fmt)
+        needs += [p for p in parts if p not in needs]
+    return [(arm, tuple(sorted(f, key=lambda x: rank(FORMAT_ORDER, x))), tuple(n)) for arm, (f, n) in by_arm.items()]
+
+
+def sign_check(c: Comparison) -> str:
+    """The observed sign beside the declared one: ``as declared``, ``against the declaration`` (a corrected
+    difference of the other sign), ``not established`` (no corrected difference) or ``none declared``."""
+    expect = c.contrast.expect
+    if expect == "none":
+        return "none declared"
+    if c.verdict not in ("benefit", "harm"):
+        return "not established"
+    observed = "negative" if c.verdict == "benefit" else "positive"
+    return "as declared" if observed == expect else "against the declaration"
+
+
+def _off_lr_note(jobs: Sequence[Job], ep: Endpoint) -> str:
     groups: dict[tuple[str, float | None], list[str]] = {}
     for job in jobs:
-        fmts = groups.setdefault((job.optimizer_label, job.lr), [])
+        fmts = groups.setdefault((label_of(job, ep), job.lr), [])
         if job.format not in fmts:
             fmts.append(job.format)
     return (f"{len(jobs)} run(s) of the declaration set their lr by hand and are kept out of the declared analysis "

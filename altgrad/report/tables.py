@@ -7,13 +7,21 @@ from typing import Any
 
 from altgrad.report.benefit import Benefit, StabilityThreshold
 from altgrad.report.cells import CONTEXT_FIELDS, Cell, describe, varying_fields
+from altgrad.report.endpoint import Contrast
+from altgrad.report.ladder import Ladder, Recovered
 from altgrad.report.load import Job
 from altgrad.report.sensitivity import Neighbour
 from altgrad.report.stages import FormatAttribution
 from altgrad.report.stats import Summary, TTest, summarize
-from altgrad.report.study import StudyResult
+from altgrad.report.study import Comparison, StudyResult, sign_check
 
 FIELD_TITLES = {"optimizer_label": "optimizer", "layer_map": "layer map", "lr": "lr"}
+
+
+def titles(cells: Sequence[Cell], fields: Sequence[str]) -> list[str]:
+    """Column titles of the cell fields; the label column is ``arm`` where the runs recorded study arms."""
+    arms = any(j.summary.get("arm") for c in cells for j in c.jobs)
+    return [("arm" if arms and f == "optimizer_label" else FIELD_TITLES.get(f, f)) for f in fields]
 DIAGNOSTICS = ("mean_stall_ratio", "final_flip_rate", "mean_oscillation_rate", "min_grad_cosine",
                "mean_effective_bits")
 """The diagnostics every report shows first (summary.json ``diagnostics``); any others found follow."""
@@ -63,7 +71,7 @@ def field_text(name: str, value: Any) -> str:
 def cell_table(cells: Sequence[Cell]) -> str:
     """Final and best validation loss per cell: mean ± std over seeds and the 95% CI of the mean."""
     fields = varying_fields(cells)
-    headers = [FIELD_TITLES.get(f, f) for f in fields] + [
+    headers = titles(cells, fields) + [
         "completed/jobs", "diverged", "failed", "final val loss", "final 95% CI", "best val loss", "best 95% CI"]
     rows = []
     for c in cells:
@@ -78,7 +86,7 @@ def benefit_table(benefits: Sequence[Benefit]) -> str:
     """Δ final loss (optimizer − AdamW) per format, paired by seed, with 95% CI, p-value and mark."""
     contexts = [b.treatment for b in benefits]
     fields = varying_fields(contexts, CONTEXT_FIELDS) + ["optimizer_label"]
-    headers = [FIELD_TITLES.get(f, f) for f in fields] + [
+    headers = titles(contexts, fields) + [
         "lr", "baseline", "pairs", "Δ final loss", "95% CI", "p", "mark", "diverged (opt/adamw)"]
     rows = []
     for b in benefits:
@@ -159,7 +167,7 @@ def diagnostics_table(cells: Sequence[Cell]) -> str:
     """Mean of each run-level diagnostic per cell (over its seeds, diverged runs included)."""
     names = diagnostic_names(cells)
     fields = varying_fields(cells)
-    headers = [FIELD_TITLES.get(f, f) for f in fields] + ["runs"] + list(names)
+    headers = titles(cells, fields) + ["runs"] + list(names)
     rows = []
     for c in cells:
         values = [c.diagnostic_summary(n) for n in names]
@@ -192,26 +200,39 @@ def jobs_table(jobs: Sequence[Job]) -> str:
     return markdown_table(["job", "state", "configuration", "seed", "detail"], rows)
 
 
-def study_table(result: StudyResult) -> str:
-    """Every test of a declared study: Δ per contrast and format with its CI, raw and adjusted p, and the verdict."""
+def contrast_title(contrast: Contrast) -> str:
+    """A contrast as the tables name it: ``P1: manifold_sr − relative_sr`` when it was declared with a name."""
+    return f"{contrast.label}: {contrast.name}" if contrast.label else contrast.name
+
+
+def study_table(result: StudyResult, comparisons: Sequence[Comparison] | None = None) -> str:
+    """Every test of one family of a declared study (default: the primary): Δ per contrast and format with its CI,
+    raw and adjusted p, TOST, and the verdict; the declared sign beside the observed one where one was declared."""
     ep = result.endpoint
+    comps = result.comparisons if comparisons is None else comparisons
+    signed = any(c.contrast.expect != "none" or c.contrast.label for c in comps)
     conf = f"{100 * (1 - ep.alpha):g}% CI"
     rows = []
-    for c in result.comparisons:
+    for c in comps:
         t, r = c.treatment, c.reference
         lrs = "/".join(", ".join(f"{x:g}" for x in a.lrs) or "—" if a is not None else "—" for a in (t, r))
         fails = " / ".join(f"{a.n_failures} of {len(a.jobs)}" if a is not None else "—" for a in (t, r))
         ci = c.ci
         seeds = "—" if c.equivalence_seeds is None else (
             f"underpowered: needs ≈ {c.equivalence_seeds}" if c.underpowered else f"≈ {c.equivalence_seeds}")
-        rows.append([c.contrast.name, c.format, lrs, len(c.deltas), fails, num(c.test.mean, signed=True),
-                     "—" if ci is None else f"[{num(ci[0], signed=True)}, {num(ci[1], signed=True)}]",
-                     "—" if c.test.p_value is None else f"{c.test.p_value:.3g}", f"{c.p_adjusted:.3g}",
-                     sig(c.paired_sd), f"{c.tost_adjusted:.3g}", seeds,
-                     c.verdict + (f" ({c.why_missing})" if c.why_missing else "")])
-    return markdown_table(["contrast", "format", "lr (treatment/reference)", "seed pairs",
-                           "failures (treatment/reference)", "Δ", conf, "p", f"{ep.correction} p", "paired SD",
-                           f"TOST ±{ep.tie_margin:g} {ep.correction} p", "seeds a TOST needs", "verdict"], rows)
+        row = [contrast_title(c.contrast) if signed else c.contrast.name, c.format, lrs, len(c.deltas), fails,
+               num(c.test.mean, signed=True),
+               "—" if ci is None else f"[{num(ci[0], signed=True)}, {num(ci[1], signed=True)}]",
+               "—" if c.test.p_value is None else f"{c.test.p_value:.3g}", f"{c.p_adjusted:.3g}",
+               sig(c.paired_sd), f"{c.tost_adjusted:.3g}", seeds,
+               c.verdict + (f" ({c.why_missing})" if c.why_missing else "")]
+        if signed:
+            row += [c.contrast.expect, sign_check(c)]
+        rows.append(row)
+    headers = ["contrast", "format", "lr (treatment/reference)", "seed pairs", "failures (treatment/reference)", "Δ",
+               conf, "p", f"{ep.correction} p", "paired SD", f"TOST ±{ep.tie_margin:g} {ep.correction} p",
+               "seeds a TOST needs", "verdict"]
+    return markdown_table(headers + (["declared sign", "observed vs declared"] if signed else []), rows)
 
 
 def sensitivity_table(result: StudyResult, near: Sequence[Neighbour]) -> str:
@@ -284,6 +305,31 @@ def mechanism_table(cells: Sequence[Cell], speeds: dict) -> str:
                                         if sp.median_steps is not None else f"never (0/{sp.runs})")
         rows.append([field_text(f, c[f]) for f in fields] + [sig(v) for v in values]
                     + [sig(decile_ratio(c)), steps])
-    return markdown_table([FIELD_TITLES.get(f, f) for f in fields] + [
+    return markdown_table(titles(cells, fields) + [
         "|Δw|/ULP q10", "q50", "q90", "share < ½ ULP", "|Δw|/|w| top ÷ bottom |w| decile",
         "steps to target (reached/runs)"], rows)
+
+
+def ladder_table(lad: Ladder) -> str:
+    """Every rung of the declared failure-stage ladder: Δ vs the reference cell with its CI, the one-sided test of
+    Δ > margin (raw and Holm), the increment over the rung before, and whether it fails."""
+    rows = []
+    for r in lad.rungs:
+        rows.append([r.format, r.arm, r.runs, r.failures, len(r.deltas), _paired_text(r.vs_reference),
+                     "—" if r.p_exceeds is None else f"{r.p_exceeds:.3g}", f"{r.p_adjusted:.3g}",
+                     _paired_text(r.vs_previous), "fails" if r.fails else "—"])
+    return markdown_table(["format", "stage (arm)", "runs", "failures", "seed pairs",
+                           f"Δ vs {lad.reference_format} {lad.reference_arm} [95% CI]", f"p (Δ > {lad.margin:g})",
+                           "Holm p", "Δ vs previous stage [95% CI]", "verdict"], rows)
+
+
+def recovery_table(rows: Sequence[Recovered], reference: str, margin: float) -> str:
+    """Each recovery arm − the recovery reference per format: Δ with its CI, the difference and equivalence tests
+    (Holm over the arms × formats) and the verdict."""
+    out = []
+    for r in rows:
+        out.append([r.format, r.arm, len(r.deltas), _paired_text(r.test),
+                    "—" if r.test.p_value is None else f"{r.test.p_value:.3g}", f"{r.p_adjusted:.3g}",
+                    f"{r.tost_adjusted:.3g}", r.verdict])
+    return markdown_table(["format", "arm", "seed pairs", f"Δ vs {reference} [95% CI]", "p", "Holm p",
+                           f"TOST ±{margin:g} Holm p", "verdict"], out)

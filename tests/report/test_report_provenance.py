@@ -1,0 +1,79 @@
+"""The provenance section: the data files' sha256 as one set or not, the code commits named, records per stage
+folder and failures per cell, from synthetic summaries."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from altgrad.report.load import Job
+from altgrad.report.provenance import (applies, by_stage, code_commits, data_sets, failure_kind, failures_by_cell,
+                                       provenance_lines)
+
+TRAIN, VAL = "a" * 64, "b" * 64
+
+
+def job(name: str, *, state: str = "completed", files: dict[str, str] | None = None, commit: str | None = "c0ffee",
+        dirty: bool = False, arm: str | None = "adamw_sr", fmt: str = "e4m3", lr: float = 1e-3,
+        cause: str | None = None) -> Job:
+    summary: dict[str, Any] = {"status": state, "format": fmt, "optimizer": "adamw", "lr": lr, "arm": arm,
+                               "data_files": files, "divergence_cause": cause,
+                               "code": {"commit": commit, "dirty": dirty} if commit else None}
+    return Job(Path(name), name, state, summary)
+
+
+SAME = {"/data/eurlex_en.train.txt": TRAIN, "/data/eurlex_en.val.txt": VAL}
+
+
+def test_one_set_of_data_files_whatever_folder_it_was_read_from() -> None:
+    jobs = [job("pilot/0", files=SAME),
+            job("tune_ref/0", files={"/elsewhere/eurlex_en.train.txt": TRAIN, "eurlex_en.val.txt": VAL})]
+    sets, without = data_sets(jobs)
+    assert len(sets) == 1 and len(sets[0].jobs) == 2 and not without
+    assert sets[0].files == (("eurlex_en.train.txt", TRAIN), ("eurlex_en.val.txt", VAL))
+    line = provenance_lines(jobs)[0]
+    assert line == (f"Data: one set of data files across the 2 runs that record it: eurlex_en.train.txt sha256 "
+                    f"{TRAIN}, eurlex_en.val.txt sha256 {VAL}.")
+
+
+def test_two_sets_are_said_to_be_two() -> None:
+    other = {**SAME, "/data/eurlex_en.val.txt": "c" * 64}
+    jobs = [job("pilot/0", files=SAME), job("pilot/1", files=SAME), job("eval/0", files=other), job("old/0")]
+    sets, without = data_sets(jobs)
+    assert [len(s.jobs) for s in sets] == [2, 1] and [j.name for j in without] == ["old/0"]
+    lines = provenance_lines(jobs)
+    assert lines[0].startswith("Data: **not one set** — the runs read 2 different sets of data files")
+    assert lines[1].startswith("  - set 1 (2 runs; folders pilot): ")
+    assert lines[2].startswith("  - set 2 (1 run; folders eval): ")
+    assert lines[3] == "  - 1 run(s) record no data files"
+
+
+def test_code_commits_are_named_and_counted() -> None:
+    jobs = [job("a/0"), job("a/1"), job("b/0", commit="beef", dirty=True), job("c/0", commit=None)]
+    commits, without = code_commits(jobs)
+    assert {c: len(js) for c, js in commits.items()} == {"c0ffee": 2, "beef+dirty": 1}
+    assert [j.name for j in without] == ["c/0"]
+    (line,) = [x for x in provenance_lines(jobs) if x.startswith("Code:")]
+    assert line == "Code: 2 code states — c0ffee (2 runs); beef+dirty (1 run); 1 run(s) name none (older records)."
+    (one,) = [x for x in provenance_lines([job("a/0"), job("a/1")]) if x.startswith("Code:")]
+    assert one == "Code: one code state, c0ffee (2 runs)."
+
+
+def test_failures_are_counted_per_cell() -> None:
+    jobs = [job("eval/0", state="diverged", cause="never learned: lowest training loss 5.5 after 200 steps"),
+            job("eval/1", state="diverged", cause="non-finite loss"), job("eval/2"),
+            job("eval/3", state="failed", fmt="e7m0"), job("eval/4", fmt="e7m0")]
+    assert [failure_kind(j) for j in jobs] == ["never learned", "diverged", None, "crashed", None]
+    assert failures_by_cell(jobs) == [("eval", "e4m3", "adamw_sr", 1e-3, {"never learned": 1, "diverged": 1}, 3),
+                                      ("eval", "e7m0", "adamw_sr", 1e-3, {"crashed": 1}, 2)]
+    (line,) = [x for x in provenance_lines(jobs) if x.startswith("Failures")]
+    assert "eval e4m3 adamw_sr lr 0.001: 1 diverged, 1 never learned of 3" in line
+    assert "eval e7m0 adamw_sr lr 0.001: 1 crashed of 2" in line
+
+
+def test_stage_folders_and_when_the_section_applies() -> None:
+    jobs = [job("pilot/0"), job("pilot/1", state="diverged"), job("tune_ref/0")]
+    assert by_stage(jobs) == {"pilot": {"completed": 1, "diverged": 1}, "tune_ref": {"completed": 1}}
+    assert applies(jobs)
+    assert not applies([job("x/0", arm=None)])  # no arm, no data files: an older study's records (study-cpu)
+    assert applies([job("x/0", arm=None, files=SAME)])
