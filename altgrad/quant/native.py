@@ -292,12 +292,10 @@ def quant_call(k: NativeKernel, x: torch.Tensor, params: torch.Tensor, rounding:
     in x's shape, without statistics); ``history``: delayed scaling's amax history
     (updated with ``update``); ``stats``: a float32 tensor of len(STAT_NAMES) to write, or None.
     """
-    xc = x.detach().contiguous()
-    try:
-        xp = xc.data_ptr()
-    except RuntimeError:  # no storage of its own (vmap / grad transforms)
+    operands = _operands(x)
+    if operands is None:
         return None
-    y = torch.empty(x.shape, dtype=torch.float32)
+    xc, xp, y = operands
     n = xc.numel()
     hist_len = 0 if history is None else history.numel()
     s = 0 if seed is None else int(seed)
@@ -310,6 +308,17 @@ def quant_call(k: NativeKernel, x: torch.Tensor, params: torch.Tensor, rounding:
     if rc != 0:
         raise RuntimeError(f"altgrad.quant: the native kernel refused rounding={rounding!r}, kind={kind!r}")
     return y
+
+
+def _operands(x: torch.Tensor) -> tuple[torch.Tensor, int, torch.Tensor] | None:
+    """x made contiguous (the caller holds it: the pointer is into it, possibly a copy), its data pointer and a fresh
+    float32 output of x's shape; None where x has no storage of its own (vmap / grad transforms)."""
+    xc = x.detach().contiguous()
+    try:
+        xp = xc.data_ptr()
+    except RuntimeError:
+        return None
+    return xc, xp, torch.empty(x.shape, dtype=torch.float32)
 
 
 class CallPlan:
@@ -333,12 +342,10 @@ class CallPlan:
         self.holds = (params, consts, *holds)  # kept alive: the pointers above stay valid
 
     def __call__(self, x: torch.Tensor, seed: torch.Tensor | int | None, update: bool) -> torch.Tensor | None:
-        xc = x.detach().contiguous()
-        try:
-            xp = xc.data_ptr()
-        except RuntimeError:  # no storage of its own (vmap / grad transforms)
+        operands = _operands(x)
+        if operands is None:
             return None
-        y = torch.empty(x.shape, dtype=torch.float32)
+        xc, xp, y = operands
         rc = self.fn(xp, y.data_ptr(), xc.numel(), *self.head, 0 if seed is None else int(seed), *self.tail,
                      int(update), self.stats, torch.get_num_threads(), None)
         if rc != 0:
