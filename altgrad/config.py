@@ -174,7 +174,7 @@ class TrainerSchema:
     peak_flops: Optional[float] = MISSING
     sample_tokens: int = MISSING
     progress_refresh: int = MISSING
-    profiler: Optional[str] = None  # null | simple | advanced (PROFILERS)
+    profiler: Optional[str] = MISSING  # null | simple | advanced (PROFILERS)
 
     def __post_init__(self) -> None:
         _choice("trainer.accelerator", self.accelerator, ACCELERATORS)
