@@ -1,6 +1,7 @@
 """One code state per study: a committed record of study 2, rerun from its own overrides for its first logged
 steps on this code, gives the same numbers bit for bit (initial weights, data order and the logged training loss;
-the initial weights' fingerprint only where the record was not resumed: a resumed run records the weights it resumed from).
+the initial weights' fingerprint only where the record was not resumed: a resumed run records the weights it
+resumed from).
 Needs the eurlex-en files (--eurlex DIR); the records were computed with one thread, and so is the rerun."""
 
 from __future__ import annotations
