@@ -148,6 +148,9 @@ COMPILE_CHOICES = (False, True, "force")
 """`trainer.compile`: false, true (refused on the CPU), force (compile on any accelerator)."""
 
 
+PROFILERS = ("simple", "advanced")  # Lightning's SimpleProfiler (wall time per hook) and AdvancedProfiler (cProfile)
+
+
 @dataclass
 class TrainerSchema:
     """`trainer=` group: Lightning Trainer settings plus the bench's own (checkpoint interval, compile, MFU peak);
@@ -171,9 +174,12 @@ class TrainerSchema:
     peak_flops: Optional[float] = MISSING
     sample_tokens: int = MISSING
     progress_refresh: int = MISSING
+    profiler: Optional[str] = MISSING  # null | simple | advanced (PROFILERS)
 
     def __post_init__(self) -> None:
         _choice("trainer.accelerator", self.accelerator, ACCELERATORS)
+        if self.profiler is not None:
+            _choice("trainer.profiler", self.profiler, PROFILERS)
         _choice("trainer.precision", str(self.precision), PRECISIONS)
         _choice("trainer.matmul_precision", self.matmul_precision, MATMUL_PRECISIONS)
         _check(self.devices == "auto" or (isinstance(self.devices, int) and self.devices >= 1), "trainer.devices",

@@ -104,6 +104,16 @@ def build_loggers(run: RunConfig, run_dir: Path) -> list[Any]:
     return loggers
 
 
+def build_profiler(kind: str | None, run_dir: Path) -> Any:
+    """Lightning's profiler of ``trainer.profiler`` (None: off), writing its report to ``run_dir/fit-profile.txt``."""
+    if kind is None:
+        return None
+    from lightning.pytorch.profilers import AdvancedProfiler, SimpleProfiler
+
+    profiler = {"simple": SimpleProfiler, "advanced": AdvancedProfiler}[kind]
+    return profiler(dirpath=str(run_dir), filename="profile")
+
+
 def build_trainer(run: RunConfig, run_dir: Path, callbacks: list[Any], loggers: list[Any]) -> L.Trainer:
     """A Lightning Trainer from the `trainer` group: step-based, validation every N steps, atomic checkpoints."""
     import lightning as L
@@ -132,6 +142,7 @@ def build_trainer(run: RunConfig, run_dir: Path, callbacks: list[Any], loggers: 
         default_root_dir=str(run_dir),
         enable_checkpointing=False,  # LastCheckpoint (always on) writes checkpoints/last.ckpt
         enable_progress_bar=True,
+        profiler=build_profiler(t.profiler, run_dir),
         # Lightning adds its own summary unless a configured callback already is one.
         enable_model_summary=not any(isinstance(c, ModelSummary) for c in callbacks),
     )

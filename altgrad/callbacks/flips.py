@@ -51,8 +51,17 @@ class _Tracked:
         return self.layer.weight.numel() if self.index is None else self.index.numel()
 
     def select(self, w: torch.Tensor) -> torch.Tensor:
-        """The tracked weights of a weight-shaped tensor, flat."""
-        return w.reshape(-1) if self.index is None else w.reshape(-1)[self.index]
+        """The tracked weights of a weight-shaped tensor, flat (``index_select``: one op, where ``[index]`` goes
+        through Python's indexing machinery at several times its cost on these small tensors)."""
+        flat = w.reshape(-1)
+        return flat if self.index is None else torch.index_select(flat, 0, self.index)
+
+    def one_scale(self) -> torch.Tensor | None:
+        """The single scale of this step's forward as a 1-element float32 tensor, or None for many scales."""
+        s = kept_scale(self.layer.weight_q)
+        if s is None or s.numel() != 1:
+            return None
+        return s.detach().reshape(1).float()
 
     def scale(self, w: torch.Tensor) -> torch.Tensor:
         """The scale of this step's forward for each tracked weight (kept by the scaler for one-scale kinds)."""
@@ -78,13 +87,24 @@ class _Group:
     last_direction: torch.Tensor  # int8: −1/0/+1, direction of each tracked weight's last flip
     acc: torch.Tensor             # (tensors, 5): flips, updated, reversals, descent_cos sum, steps
     osc_ema: torch.Tensor         # (tensors,)
+    counts: torch.Tensor          # int64: tracked weights per tensor
     before: torch.Tensor | None = None
     scale: torch.Tensor | None = None
     intended: torch.Tensor | None = None
+    after: torch.Tensor | None = None  # the tracked weights read after the last step: the next step's "before"
     spec_key: Any = field(default=None)
 
     def gather(self) -> torch.Tensor:
         return torch.cat([m.select(m.layer.weight.detach()) for m in self.members])
+
+    def scales(self) -> torch.Tensor:
+        """Each tracked weight's scale: one scale per tensor spread over its weights in one op (the common case),
+        else tensor by tensor (channel and block scaling)."""
+        ones = [m.one_scale() for m in self.members]
+        if all(s is not None for s in ones):
+            per_tensor = torch.cat(ones).to(self.sizes.device)
+            return torch.repeat_interleave(per_tensor, self.counts)
+        return torch.cat([m.scale(m.layer.weight.detach()) for m in self.members])
 
 
 class FlipCallback(Instrument):
@@ -140,7 +160,7 @@ class FlipCallback(Instrument):
                 members=members, spec_key=key,
                 segments=torch.repeat_interleave(torch.arange(n, device=device), sizes),
                 starts=torch.cat([sizes.new_zeros(1), sizes.cumsum(0)]).cpu(),
-                sizes=sizes.float(),
+                sizes=sizes.float(), counts=sizes,
                 last_direction=torch.zeros(int(sizes.sum()), dtype=torch.int8, device=device),
                 acc=torch.zeros(n, 5, dtype=torch.float32, device=device),
                 osc_ema=torch.zeros(n, dtype=torch.float32, device=device)))
@@ -168,8 +188,11 @@ class FlipCallback(Instrument):
         if self._stale():
             self._regroup(pl_module)
         for g in self.groups:
-            g.before = g.gather()
-            g.scale = torch.cat([m.scale(m.layer.weight.detach()) for m in g.members])
+            # nothing writes the weights between a step's end (storage policy applied) and the next optimizer step,
+            # so the weights read then are this step's "before" (a group rebuilt after a format change has none)
+            g.before = g.after if g.after is not None else g.gather()
+            g.after = None
+            g.scale = g.scales()
             g.intended = None
         self._pending = True
 
@@ -224,6 +247,7 @@ class FlipCallback(Instrument):
             g.acc += torch.cat([counts, counts.new_ones(counts.shape[0], 1)], dim=1)
             g.osc_ema = ema_update(g.osc_ema, counts[:, 2] / g.sizes, self.momentum)
             g.before = g.intended = g.scale = None
+            g.after = after
         self.osc_steps += 1
         if self._due:
             self._log(trainer, pl_module)

@@ -29,13 +29,17 @@ class RangeWarning(L.Callback):
         self.warned: set[tuple[str, str]] = set()
         self._seen_step: Any = object()
         self._index = {k: STAT_NAMES.index(k) for k in KINDS}
+        self._record: Any = None  # the quantizers' shared StatsRecord, once seen (one per run)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
+        # the shared record says whether this step gathered statistics without walking the model's modules
+        if self._record is not None and (self._record.step is None or self._record.step == self._seen_step):
+            return
         roles = quantizer_roles(backbone(pl_module))
         if not roles or len(self.warned) == 2 * len({role for _, role, _ in roles}):
             return
-        record = getattr(roles[0][2], "stats_record", None)
+        record = self._record = getattr(roles[0][2], "stats_record", None)
         if record is None:  # quant.stats=always: every call writes them
             if trainer.global_step % self.every_n_steps != 0:
                 return

@@ -42,6 +42,7 @@ LOCATION_KEYS = (
     "trainer.checkpoint_every_n_steps",     # how often last.ckpt is written (saving consumes no random number)
     "trainer.progress_refresh", "trainer.sample_tokens",  # the console: progress bar, the closing sample
     "trainer.keep_freed_memory", "trainer.peak_flops",    # the allocator's policy; the MFU estimate's peak
+    "trainer.profiler",                     # Lightning's profiler times the hooks; the same bits
     "tuned_lr",                             # a lookup table: the lrs a run took from it are in optimizer.* / baseline.*
     "endpoint",                             # the analysis a study declares, not what a run computes
     "quant.kernel",                         # how quantizer calls run: the same bits on every road (tests/quant)

@@ -32,7 +32,8 @@ SUMMARY = "summary.json"
 # A tuned-lr table is not identity either: the lrs a run takes from it are in optimizer.lr and baseline.lr.
 NOT_IDENTITY = ("paths", "resume_sweep", "resume_with_new_config", "ckpt_path", "run_name", "format.label",
                 "data.cache_dir", "trainer.progress_refresh", "tuned_lr", "logger.*.save_dir", "logger.*.dir",
-                "quant.kernel")  # quant.kernel: how quantizer calls run, the same bits on every road
+                "quant.kernel",      # how quantizer calls run, the same bits on every road
+                "trainer.profiler")  # Lightning's profiler only times the hooks
 
 
 def _identity(config: dict[str, Any]) -> dict[str, Any]:

@@ -114,3 +114,22 @@ def test_statistics_on_demand_log_exactly_what_statistics_on_every_call_log(tmp_
     for key in ("status", "steps", "final_val_loss", "diagnostics", "fallbacks"):
         assert summaries["always"][key] == summaries["demand"][key], key
     assert summaries["demand"]["config"]["quant"]["stats"] == "demand"
+
+
+def test_the_step_metrics_are_logged_at_every_logging_step_and_only_there(tmp_path, cache):
+    """train/loss, lr and train/tokens_per_s reach metrics.csv at steps n·log_every_n_steps − 1 (Lightning's step
+    index), each such step once: the module hands them to ``self.log`` only on those steps, which are the only ones
+    Lightning writes. With trainer.profiler=simple the run dir holds Lightning's profile of every hook."""
+    run_dir = tmp_path / "cadence"
+    proc = run_train(run_dir, cache, "format=e4m3", "logger=csv", "trainer.max_steps=17",
+                     "trainer.log_every_n_steps=4", "trainer.profiler=simple")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with open(run_dir / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    for key in ("train/loss", "lr", "train/tokens_per_s"):
+        steps = [int(r["step"]) for r in rows if r.get(key)]
+        assert steps == [3, 7, 11, 15], (key, steps)
+    losses = [float(r["train/loss"]) for r in rows if r.get("train/loss")]
+    assert all(0.0 < v < 10.0 for v in losses)
+    profile = (run_dir / "fit-profile.txt").read_text()
+    assert "[Callback]FlipCallback.on_train_batch_end" in profile and "run_training_batch" in profile

@@ -79,6 +79,8 @@ CASES = {
                        "layer_map rule 0 ('lm_head'): role 'weight': unknown format 'e9m9'; valid:"),
     "unreachable block size": (lambda r: ["model.block_size=100000", "trainer.max_steps=1", "logger=csv"],
                                "needs at least"),
+    "unknown profiler": (lambda r: _corpus("trainer.profiler=pytorch"),
+                         "trainer.profiler='pytorch' is not valid; valid: simple, advanced"),
     "negative seed": (lambda r: _corpus("seed=-1"), "seed=-1 is invalid: expected an integer in [0, 4294967295]"),
     "seed too large": (lambda r: _corpus("seed=4294967296"), "expected an integer in [0, 4294967295]"),
     "grid without on-grid storage": (lambda r: _corpus("optimizer=grid", "format=e4m3"),

@@ -85,7 +85,8 @@ def test_two_model_widths_are_two_cells_and_two_comparisons() -> None:
     ("paths.output_dir", "/elsewhere"), ("logger.csv.save_dir", "/elsewhere"), ("ckpt_path", "/runs/a"),
     ("run_name", "renamed"), ("data.cache_dir", "/scratch"), ("data.num_workers", 4),
     ("trainer.checkpoint_every_n_steps", 7), ("trainer.progress_refresh", 1), ("trainer.sample_tokens", 0),
-    ("trainer.keep_freed_memory", False), ("trainer.peak_flops", 1e15), ("tuned_lr.e4m3.manifold", 3.0),
+    ("trainer.keep_freed_memory", False), ("trainer.peak_flops", 1e15), ("trainer.profiler", "simple"),
+    ("tuned_lr.e4m3.manifold", 3.0),
     ("endpoint", {"metric": "final_val_loss"}), ("callbacks.updates.seed", 99), ("data.seed", 99),
 ])
 def test_where_a_run_is_written_and_how_it_is_shown_never_split_a_cell(key: str, value: Any) -> None:

@@ -1,5 +1,7 @@
 """One code state per study: a committed record of study 2, rerun from its own overrides for its first logged
-steps on this code, gives the same numbers bit for bit (initial weights, data order and the logged training loss).
+steps on this code, gives the same numbers bit for bit (initial weights, data order and the logged training loss;
+the initial weights' fingerprint only where the record was not resumed: a resumed run records the weights it
+resumed from).
 Needs the eurlex-en files (--eurlex DIR); the records were computed with one thread, and so is the rerun."""
 
 from __future__ import annotations
@@ -58,5 +60,6 @@ def test_a_committed_record_reruns_to_the_same_numbers(record: Path, eurlex: str
     assert done.returncode == 0, done.stderr[-2000:]
     again = json.loads((run / "summary.json").read_text())
     assert again["data_files"] == summary["data_files"]
-    assert again["fingerprint"]["init_params"] == summary["fingerprint"]["init_params"]
+    if summary.get("resumed_at_step") is None:  # a resumed record's fingerprint is of the weights it resumed from
+        assert again["fingerprint"]["init_params"] == summary["fingerprint"]["init_params"]
     assert first_logged_loss(run / "metrics.csv") == (step, loss)
