@@ -8,12 +8,15 @@ records nulls and never stops a run.
 from __future__ import annotations
 
 import functools
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
 
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent  # the folder holding altgrad/ (a checkout's root)
 GIT_TIMEOUT_S = 10
+CODE_PATHS = ("altgrad", "conf", "pyproject.toml", "Makefile")
+"""What a run's numbers can depend on; a commit that changes none of them (records, docs, tests) is the same code."""
 
 
 @functools.lru_cache(maxsize=None)
@@ -34,3 +37,17 @@ def code_state(root: Path = PACKAGE_ROOT) -> dict[str, Any]:
     if commit is None or commit == "(initial)":
         return unknown
     return {"commit": commit, "dirty": any(not line.startswith("#") for line in lines)}
+
+
+def code_tree(commit: str, root: Path = PACKAGE_ROOT) -> tuple[str, ...] | None:
+    """The git object ids of CODE_PATHS at ``commit`` (equal for two commits whose code is the same), or None where
+    git cannot tell (no checkout, an unknown commit, a shallow clone without it)."""
+    if not (root / ".git").exists() or not re.fullmatch(r"[0-9a-f]{4,64}", commit):
+        return None
+    try:
+        out = subprocess.run(["git", "-C", str(root), "rev-parse", *(f"{commit}:{path}" for path in CODE_PATHS)],
+                             capture_output=True, text=True, timeout=GIT_TIMEOUT_S, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    ids = tuple(out.stdout.split())
+    return ids if out.returncode == 0 and len(ids) == len(CODE_PATHS) else None

@@ -35,6 +35,7 @@ import argparse
 import json
 import os
 import platform
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -475,7 +476,7 @@ def main(argv: list[str]) -> None:
     print(f"load average before {load_before}, after {load_after} (1/5/15 min)")
     if args.markdown is not None:
         calls = None if args.no_calls else calls_table()
-        command = "python -m altgrad.bench job " + " ".join(argv)
+        command = "python -m altgrad.bench job " + shlex.join(argv)  # as typed: quoted where a value has spaces
         text = page(results, jobs, args, command, (time.time() - started) / 60, (load_before, load_after), calls)
         args.markdown.parent.mkdir(parents=True, exist_ok=True)
         args.markdown.write_text(text)

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
+from altgrad.provenance import CODE_PATHS, PACKAGE_ROOT, code_tree
 from altgrad.report.load import Job
 
 NEVER_LEARNED = "never learned"
@@ -104,6 +106,17 @@ def failures_by_cell(jobs: Sequence[Job]) -> list[tuple[str, str, str, float | N
     return out
 
 
+def code_states(commits: Mapping[str, Sequence[Job]], root: Path = PACKAGE_ROOT) -> list[list[str]]:
+    """The named commits grouped by the code they hold (CODE_PATHS' git objects): a study whose records were
+    committed as they finished names several commits of one code state. A dirty commit, or one git cannot resolve
+    here, is a state of its own. Groups and commits keep ``commits``' order."""
+    groups: dict[object, list[str]] = {}
+    for name in commits:
+        tree = None if name.endswith("+dirty") else code_tree(name, root)
+        groups.setdefault(tree if tree is not None else name, []).append(name)
+    return list(groups.values())
+
+
 def _runs(n: int) -> str:
     return f"{n} run" + ("" if n == 1 else "s")
 
@@ -114,8 +127,9 @@ def applies(jobs: Sequence[Job]) -> bool:
                or j.summary.get("arm") for j in jobs)
 
 
-def provenance_lines(jobs: Sequence[Job]) -> list[str]:
-    """The provenance section's bullets: data, code, stage folders, failures."""
+def provenance_lines(jobs: Sequence[Job], root: Path = PACKAGE_ROOT) -> list[str]:
+    """The provenance section's bullets: data, code (commits grouped by the code they hold, in the git checkout at
+    ``root``), stage folders, failures."""
     lines = []
     sets, no_data = data_sets(jobs)
     recorded = sum(len(s.jobs) for s in sets)
@@ -138,10 +152,13 @@ def provenance_lines(jobs: Sequence[Job]) -> list[str]:
     if not commits:
         lines.append("Code: no run names its code commit (records older than the code record).")
     else:
-        names = "; ".join(f"{c} ({_runs(len(js))})" for c, js in commits.items())
-        one = len(commits) == 1 and not any(c.endswith("+dirty") for c in commits)
-        lines.append(("Code: one code state, " if one else f"Code: {len(commits)} code states — ") + names
-                     + (f"; {len(no_code)} run(s) name none (older records)" if no_code else "") + ".")
+        states = code_states(commits, root)
+        names = "; ".join(" = ".join(f"{c} ({_runs(len(commits[c]))})" for c in state) for state in states)
+        one = len(states) == 1 and not any(c.endswith("+dirty") for c in commits)
+        same = (f" (“=” joins commits whose {', '.join(CODE_PATHS)} are identical: records committed as they "
+                "finished)") if any(len(state) > 1 for state in states) else ""
+        lines.append(("Code: one code state, " if one else f"Code: {len(states)} code states — ") + names
+                     + (f"; {len(no_code)} run(s) name none (older records)" if no_code else "") + same + ".")
     stages = by_stage(jobs)
     if len(stages) > 1 or "." not in stages:
         lines.append("Records per folder: " + "; ".join(

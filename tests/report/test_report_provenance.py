@@ -77,3 +77,40 @@ def test_stage_folders_and_when_the_section_applies() -> None:
     assert applies(jobs)
     assert not applies([job("x/0", arm=None)])  # no arm, no data files: an older study's records (study-cpu)
     assert applies([job("x/0", arm=None, files=SAME)])
+
+
+def test_commits_of_one_code_are_one_code_state(tmp_path: Path) -> None:
+    import subprocess
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(tmp_path), *args], capture_output=True, text=True, check=True,
+                              env={"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+                                   "GIT_COMMITTER_EMAIL": "t@t", "PATH": "/usr/bin:/bin"}).stdout.strip()
+
+    def commit(path: str, text: str) -> str:
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(text)
+        git("add", "-A")
+        git("commit", "-q", "-m", path)
+        return git("rev-parse", "HEAD")
+
+    git("init", "-q")
+    for path in ("altgrad/a.py", "conf/c.yaml", "pyproject.toml", "Makefile"):
+        code = commit(path, "1\n")
+    records = commit("docs/results/runs/0/summary.json", "{}\n")  # a records commit: the same code
+    changed = commit("altgrad/a.py", "2\n")
+    jobs = [job("a/0", commit=code), job("a/1", commit=code), job("b/0", commit=records), job("c/0", commit=changed),
+            job("d/0", commit=records, dirty=True)]
+    (line,) = [x for x in provenance_lines(jobs, root=tmp_path) if x.startswith("Code:")]
+    head, states = line.split(" — ")
+    states, note = states.split(" (“=”")
+    assert head == "Code: 3 code states"
+    assert states.split("; ")[0] == f"{code} (2 runs) = {records} (1 run)"  # most runs first
+    assert sorted(states.split("; ")[1:]) == sorted([f"{changed} (1 run)", f"{records}+dirty (1 run)"])
+    assert note == " joins commits whose altgrad, conf, pyproject.toml, Makefile are identical: records committed as " \
+                   "they finished)."
+    (one,) = [x for x in provenance_lines(jobs[:3], root=tmp_path) if x.startswith("Code:")]
+    assert one.startswith(f"Code: one code state, {code} (2 runs) = {records} (1 run) (")
+    # outside a checkout (or for a commit it lacks) each commit stands alone, as before
+    (apart,) = [x for x in provenance_lines(jobs[:3], root=tmp_path / "altgrad") if x.startswith("Code:")]
+    assert apart == f"Code: 2 code states — {code} (2 runs); {records} (1 run)."
