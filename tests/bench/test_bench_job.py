@@ -112,6 +112,7 @@ def test_bench_runs_whole_jobs_in_every_setting_and_writes_the_page(tmp_path: Pa
         assert " 1.000 " in rows["fp32"] and "× plain loop tok/s" in rows["fp32"]
     text = md.read_text()
     assert text.startswith("# job: whole training jobs") and "python -m altgrad.bench job --rounds 1" in text
+    assert "--only 'plain PyTorch loop' --markdown" in text  # the command as it can be pasted back
     assert "in 2 setting(s): small recipe, default threads (4 steps); small recipe, 1 thread (4 steps)." in text
     assert "**a tiny run**" in text
     assert "## small recipe, 1 thread (4 steps)" in text and "| target (issue 31) |" in text

@@ -3,6 +3,7 @@ folder and failures per cell, from synthetic summaries."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -84,8 +85,8 @@ def test_commits_of_one_code_are_one_code_state(tmp_path: Path) -> None:
 
     def git(*args: str) -> str:
         return subprocess.run(["git", "-C", str(tmp_path), *args], capture_output=True, text=True, check=True,
-                              env={"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
-                                   "GIT_COMMITTER_EMAIL": "t@t", "PATH": "/usr/bin:/bin"}).stdout.strip()
+                              env={**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
+                                   "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}).stdout.strip()
 
     def commit(path: str, text: str) -> str:
         (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
