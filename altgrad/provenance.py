@@ -19,20 +19,27 @@ CODE_PATHS = ("altgrad", "conf", "pyproject.toml", "Makefile")
 """What a run's numbers can depend on; a commit that changes none of them (records, docs, tests) is the same code."""
 
 
+def _git(root: Path, *args: str) -> str | None:
+    """``git -C root ARGS``'s output, or None where git cannot answer: no checkout at ``root`` (an installed package,
+    or a folder inside some other repository), no git, a timeout, or a non-zero exit."""
+    if not (root / ".git").exists():
+        return None
+    try:
+        out = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=GIT_TIMEOUT_S,
+                             check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout if out.returncode == 0 else None
+
+
 @functools.lru_cache(maxsize=None)
 def code_state(root: Path = PACKAGE_ROOT) -> dict[str, Any]:
     """{"commit": HEAD's sha or None, "dirty": whether tracked files differ from it, or None when unknown}."""
     unknown: dict[str, Any] = {"commit": None, "dirty": None}
-    if not (root / ".git").exists():  # an installed package, or a folder inside some other repository
+    out = _git(root, "status", "--porcelain=v2", "--branch", "--untracked-files=no")
+    if out is None:
         return unknown
-    try:
-        out = subprocess.run(["git", "-C", str(root), "status", "--porcelain=v2", "--branch", "--untracked-files=no"],
-                             capture_output=True, text=True, timeout=GIT_TIMEOUT_S, check=False)
-    except (OSError, subprocess.SubprocessError):
-        return unknown
-    if out.returncode != 0:
-        return unknown
-    lines = out.stdout.splitlines()
+    lines = out.splitlines()
     commit = next((line.split()[2] for line in lines if line.startswith("# branch.oid ")), None)
     if commit is None or commit == "(initial)":
         return unknown
@@ -42,12 +49,8 @@ def code_state(root: Path = PACKAGE_ROOT) -> dict[str, Any]:
 def code_tree(commit: str, root: Path = PACKAGE_ROOT) -> tuple[str, ...] | None:
     """The git object ids of CODE_PATHS at ``commit`` (equal for two commits whose code is the same), or None where
     git cannot tell (no checkout, an unknown commit, a shallow clone without it)."""
-    if not (root / ".git").exists() or not re.fullmatch(r"[0-9a-f]{4,64}", commit):
+    if not re.fullmatch(r"[0-9a-f]{4,64}", commit):  # a sha, never an option or a revision expression
         return None
-    try:
-        out = subprocess.run(["git", "-C", str(root), "rev-parse", *(f"{commit}:{path}" for path in CODE_PATHS)],
-                             capture_output=True, text=True, timeout=GIT_TIMEOUT_S, check=False)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    ids = tuple(out.stdout.split())
-    return ids if out.returncode == 0 and len(ids) == len(CODE_PATHS) else None
+    out = _git(root, "rev-parse", *(f"{commit}:{path}" for path in CODE_PATHS))
+    ids = tuple(out.split()) if out is not None else ()
+    return ids if len(ids) == len(CODE_PATHS) else None
