@@ -213,9 +213,13 @@ class ScheduleSchema:
         _check(0.0 <= self.min_lr_ratio <= 1.0, "schedule.min_lr_ratio", self.min_lr_ratio, "a float in [0, 1]")
 
 
-OPTIM_KERNELS = ("compiled", "eager")
+OPTIM_KERNELS = ("auto", "native", "compiled", "eager")
 """`optimizer.kernel` of ManifoldAdamW, RelativeAdamW and GridOptim: their fused per-tensor step through
-torch.compile (`make train`'s), or eager torch ops (see each optimizer for what its eager step is)."""
+torch.compile, eager torch ops (see each optimizer for what its eager step is), and for ManifoldAdamW and
+RelativeAdamW also ``native`` (one C++ pass, the compiled step's bits) and ``auto`` (native where it serves, else
+compiled: `make train`'s)."""
+NATIVE_STEP_OPTIMIZERS = ("ManifoldAdamW", "RelativeAdamW")
+"""The optimizers (`_target_`'s last part) whose step has a native twin (altgrad.optim.native_step)."""
 
 
 @dataclass
@@ -233,6 +237,10 @@ class OptimizerSchema:
     def __post_init__(self) -> None:
         if self.kernel is not None:
             _choice("optimizer.kernel", self.kernel, OPTIM_KERNELS)
+            if self.kernel in ("auto", "native") and self._target_.rsplit(".", 1)[-1] not in NATIVE_STEP_OPTIMIZERS:
+                _check(False, "optimizer.kernel", self.kernel,
+                       f"compiled or eager for optimizer={self.name} (auto and native: "
+                       f"{', '.join(NATIVE_STEP_OPTIMIZERS)})")
         _check(self._partial_ is True, "optimizer._partial_", self._partial_,
                "true (the module supplies the parameter groups)")
         _check(self.lr > 0 and math.isfinite(self.lr), "optimizer.lr", self.lr, "a finite float > 0")

@@ -30,6 +30,9 @@ NOT_STATE = ("data.cache_dir", "data.num_workers", "format.label", "quant.kernel
 # Keys added after records were written, with the value a record without them ran (optimizer.kernel: the compiled
 # step was the only one outside tests); a stored config lacking them compares as if it had that value.
 LATER_KEYS = {"optimizer.kernel": ("compiled", ("ManifoldAdamW", "RelativeAdamW", "GridOptim"))}
+# Values that run the same arithmetic, compared as one: the native step and ``auto`` (native or compiled) give the
+# compiled step's bits (tests/optim/test_native_step.py); ``eager`` differs in float32 rounding.
+SAME_BITS = {"optimizer.kernel": {"auto": "compiled", "native": "compiled"}}
 OVERRIDE = "resume_with_new_config"
 # The model's tensor shapes (and what the weights mean): never overridable, the weights would not fit.
 SHAPE_KEYS = ("model.block_size", "model.vocab_size", "model.n_layer", "model.n_head", "model.n_embd", "model.bias")
@@ -52,7 +55,8 @@ class ResumePlan:
 
 
 def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
-    """A nested config as {"dotted.key": leaf}, the form both resume checks compare (LATER_KEYS filled in)."""
+    """A nested config as {"dotted.key": leaf}, the form both resume checks compare (LATER_KEYS filled in, SAME_BITS
+    values named by the one they equal)."""
     if isinstance(node, dict):
         out: dict[str, Any] = {}
         for key, value in node.items():
@@ -62,6 +66,9 @@ def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
             for key, (value, targets) in LATER_KEYS.items():
                 if key not in out and target in targets:
                     out[key] = value
+            for key, same in SAME_BITS.items():
+                if key in out and out[key] in same:
+                    out[key] = same[out[key]]
         return out
     return {prefix[:-1]: node}
 

@@ -73,6 +73,9 @@ JOBS: tuple[Job, ...] = (
         kind="sweep", default=False),
     # the quantizer calls on the torch.compile'd road instead of the native CPU kernel (what the kernel buys a job)
     Job("e4m3 compiled road", ("format=e4m3", "quant.kernel=compiled"), default=False),
+    # ManifoldAdamW's step through torch.compile instead of its native twin (what the native step buys a job)
+    Job("e5m2 manifold master=none compiled step", ("format=e5m2", "optimizer=manifold", "quant.master=none",
+                                                     "optimizer.kernel=compiled"), default=False),
     # the CPU preset refuses trainer.compile=true; these rows are the measurement behind that
     Job("fp32 compile", ("trainer.compile=force",), default=False),
     Job("e4m3 compile", ("format=e4m3", "trainer.compile=force"), default=False),

@@ -18,7 +18,8 @@ from torch import Tensor
 from altgrad.optim.adam import adamw_step_, init_adam_state
 from altgrad.optim.base import QuantAwareOptimizer
 from altgrad.optim.stiffness import STIFFNESS_KINDS, Grid, grid_stiffness
-from altgrad.optim.kernels import step_kernel
+from altgrad.optim.kernels import NATIVE_STEP_KERNELS, step_kernel
+from altgrad.optim.native_step import native_refusal, stiff_adam_step_
 from altgrad.quant.compiled import fused
 
 STIFFNESS_PLACEMENTS = ("update", "grad")
@@ -31,9 +32,11 @@ class ManifoldAdamW(QuantAwareOptimizer):
 
     Weight decay is decoupled as in AdamW, at the same per-coordinate rate (w ← w − lr·S·wd·w for ``update``).
     Parameters without a grid are stepped by plain AdamW at ``plain_lr`` (see QuantAwareOptimizer).
-    ``kernel``: ``compiled`` (``manifold_step_``, one torch.compile'd pass per tensor: what runs by default) or
-    ``eager`` (torch's multi-tensor AdamW ops with a stiffness list, ``adamw_step_``); the two agree to float32
-    rounding, not bit for bit (see ``manifold_step_``). None: ``compiled`` unless inside compiled.compiling(False).
+    ``kernel``: ``compiled`` (``manifold_step_``, one torch.compile'd pass per tensor), ``native`` (the same
+    arithmetic in one C++ pass, ``native_step``: the same bits), ``auto`` (native where it serves, else compiled: what
+    runs by default) or ``eager`` (torch's multi-tensor AdamW ops with a stiffness list, ``adamw_step_``); eager
+    agrees with the others to float32 rounding, not bit for bit (see ``manifold_step_``). None: ``auto`` unless
+    inside compiled.compiling(False).
     """
 
     def __init__(
@@ -52,7 +55,7 @@ class ManifoldAdamW(QuantAwareOptimizer):
         plain_weight_decay: float | None = None,
         kernel: str | None = None,
     ) -> None:
-        self.kernel = step_kernel(kernel, "ManifoldAdamW")
+        self.kernel = step_kernel(kernel, "ManifoldAdamW", NATIVE_STEP_KERNELS)
         if lr <= 0:
             raise ValueError(f"ManifoldAdamW: lr={lr} is not valid; valid: > 0 (ULPs per step for 'update')")
         if not all(0.0 <= b < 1.0 for b in betas):
@@ -82,7 +85,7 @@ class ManifoldAdamW(QuantAwareOptimizer):
         for p in params:
             if not self.state[p]:
                 init_adam_state(self.state[p], p)
-        if self.kernel == "compiled" and not torch.compiler.is_compiling():
+        if self.kernel != "eager" and not torch.compiler.is_compiling():
             self._fused_rule_step(group, params)
             return
         stiff = [self.stiffness_of(p, group["stiffness_kind"]) for p in params]
@@ -96,14 +99,18 @@ class ManifoldAdamW(QuantAwareOptimizer):
             adamw_step_(params, torch._foreach_mul(grads, stiff), *self._adam_lists(params), **kw)
 
     def _fused_rule_step(self, group: dict[str, Any], params: list[Tensor]) -> None:
-        """The compiled path: stiffness, decay, moments and update in one fused in-place call per tensor."""
+        """The fused path: stiffness, decay, moments and update in one in-place call per tensor, native or compiled."""
         beta1, beta2 = group["betas"]
-        on_update = group["stiffness_on"] == "update"
+        on_update, kind = group["stiffness_on"] == "update", group["stiffness_kind"]
         for p in params:
             hyper = self._advance_adam(p, group)
-            state = self.state[p]
-            _manifold_step(p.detach(), p.grad, state["exp_avg"], state["exp_avg_sq"], self.grid_of(p),
-                           group["stiffness_kind"], on_update, hyper, beta1, beta2, compiled=True)
+            state, grid = self.state[p], self.grid_of(p)
+            args = (p.detach(), p.grad, state["exp_avg"], state["exp_avg_sq"])
+            if self.kernel != "compiled" and stiff_adam_step_(*args, hyper, beta1, beta2, kind, on_update, grid):
+                continue
+            if self.kernel == "native":
+                raise ValueError(native_refusal("ManifoldAdamW", p))
+            _manifold_step(*args, grid, kind, on_update, hyper, beta1, beta2, compiled=True)
 
 
 def manifold_step_(w: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, grid: Grid, kind: str,

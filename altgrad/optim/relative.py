@@ -20,14 +20,16 @@ from torch import Tensor
 from altgrad.optim.adam import adamw_step_, init_adam_state
 from altgrad.optim.base import QuantAwareOptimizer
 from altgrad.optim.stiffness import Grid
-from altgrad.optim.kernels import step_kernel
+from altgrad.optim.kernels import NATIVE_STEP_KERNELS, step_kernel
+from altgrad.optim.native_step import native_refusal, stiff_adam_step_
 from altgrad.quant.compiled import fused
 
 
 class RelativeAdamW(QuantAwareOptimizer):
     """AdamW with per-coordinate learning rate lr·|w| on the weights that have a grid (every parameter when
     ``grids`` is None); plain AdamW for the rest.  See the module docstring.  ``kernel``: as ManifoldAdamW's
-    (``compiled``: ``relative_step_`` through torch.compile; ``eager``: the multi-tensor ``adamw_step_``)."""
+    (``compiled``: ``relative_step_`` through torch.compile; ``native``: its C++ twin, the same bits; ``auto``: native
+    where it serves, else compiled; ``eager``: the multi-tensor ``adamw_step_``)."""
 
     needs_grid = False  # |w| needs no format: with grids=None every parameter takes the rule
 
@@ -45,7 +47,7 @@ class RelativeAdamW(QuantAwareOptimizer):
         plain_weight_decay: float | None = None,
         kernel: str | None = None,
     ) -> None:
-        self.kernel = step_kernel(kernel, "RelativeAdamW")
+        self.kernel = step_kernel(kernel, "RelativeAdamW", NATIVE_STEP_KERNELS)
         if lr <= 0:
             raise ValueError(f"RelativeAdamW: lr={lr} is not valid; valid: > 0 (a fraction of |w| per step)")
         if not all(0.0 <= b < 1.0 for b in betas):
@@ -62,13 +64,17 @@ class RelativeAdamW(QuantAwareOptimizer):
         for p in params:
             if not self.state[p]:
                 init_adam_state(self.state[p], p)
-        if self.kernel == "compiled" and not torch.compiler.is_compiling():
+        if self.kernel != "eager" and not torch.compiler.is_compiling():
             beta1, beta2 = group["betas"]
             for p in params:
                 hyper = self._advance_adam(p, group)
                 state = self.state[p]
-                _relative_step(p.detach(), p.grad, state["exp_avg"], state["exp_avg_sq"], hyper, beta1, beta2,
-                               compiled=True)
+                args = (p.detach(), p.grad, state["exp_avg"], state["exp_avg_sq"], hyper, beta1, beta2)
+                if self.kernel != "compiled" and stiff_adam_step_(*args, "abs"):
+                    continue
+                if self.kernel == "native":
+                    raise ValueError(native_refusal("RelativeAdamW", p))
+                _relative_step(*args, compiled=True)
             return
         beta1, beta2 = group["betas"]
         adamw_step_(params, [p.grad for p in params], *self._adam_lists(params),

@@ -103,7 +103,7 @@ def _build(compiler_path: str, target: Path) -> None:
 
 class NativeKernel:
     """The loaded library: ``call`` runs one quantizer call, ``flip_sums`` the flips diagnostic's per-segment sums,
-    both on raw pointers (see native_kernel.cpp)."""
+    ``stiff_adam_step`` one tensor's ManifoldAdamW / RelativeAdamW step, all on raw pointers (see native_kernel.cpp)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -119,6 +119,11 @@ class NativeKernel:
         sums.argtypes = [p, p, p, p, p, p, i64, p]
         sums.restype = None
         self.flip_sums = sums
+        step = lib.altgrad_stiff_adam_step
+        step.argtypes = [p, p, p, p, i64, ctypes.c_int, ctypes.c_int, p, ctypes.c_double, ctypes.c_double, i32, i32,
+                         ctypes.c_int, ctypes.c_int, p, p, p, i64, ctypes.c_int, ctypes.c_int]
+        step.restype = ctypes.c_int
+        self.stiff_adam_step = step
         self.lanes = int(lib.altgrad_lanes())
         abi = lib.altgrad_abi
         abi.restype = ctypes.c_char_p
@@ -389,3 +394,25 @@ def flip_sums(k: NativeKernel, q_before: torch.Tensor, q_after: torch.Tensor, in
     k.flip_sums(qb.data_ptr(), qa.data_ptr(), a.data_ptr(), last.data_ptr(), new.data_ptr(), starts.data_ptr(), n_seg,
                 sums.data_ptr())
     return sums, new
+
+
+STIFFNESS_CODES = {"pow2": 0, "smooth": 1, "abs": 2}
+"""Stiffness of ``altgrad_stiff_adam_step``: the grid's ULP (pow2), its smooth envelope, or |w| (RelativeAdamW)."""
+
+
+def stiff_adam_step(k: NativeKernel, w: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor,
+                    exp_avg_sq: torch.Tensor, stiffness: str, on_update: bool, hyper: torch.Tensor, beta1: float,
+                    beta2: float, emin: int = 0, mbits: int = 0, kind: str = "none", pow2: bool = True,
+                    consts: torch.Tensor | None = None, scale: torch.Tensor | None = None,
+                    history: torch.Tensor | None = None, reduce_max: bool = True) -> None:
+    """One tensor's Adam step with stiffness in place (native_kernel.cpp ``altgrad_stiff_adam_step``): w, grad and
+    the moments contiguous float32 CPU tensors of one size, written through their storage; ``hyper`` the float32
+    [lr, wd, 1 − β1^t, √(1 − β2^t), ε]; the grid's scale of ``kind`` (none, tensor, delayed) from ``consts``, the
+    scaler's last ``scale`` and ``history`` as a quantizer call reads them, not updated."""
+    hist_len = 0 if history is None else history.numel()
+    rc = k.stiff_adam_step(w.data_ptr(), grad.data_ptr(), exp_avg.data_ptr(), exp_avg_sq.data_ptr(), w.numel(),
+                           STIFFNESS_CODES[stiffness], int(on_update), hyper.data_ptr(), float(beta1), float(beta2),
+                           int(emin), int(mbits), KINDS[kind], int(pow2), _ptr(consts), _ptr(scale), _ptr(history),
+                           hist_len, int(reduce_max), torch.get_num_threads())
+    if rc != 0:
+        raise RuntimeError(f"altgrad.quant: the native step refused stiffness={stiffness!r}, kind={kind!r}")

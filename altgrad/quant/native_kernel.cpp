@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <utility>
 
 #include "kernel_abi.h"
@@ -399,6 +400,84 @@ float scale_from(float amax, float prev, float max, float margin, bool pow2) {
   return pow2 ? as_f(as_i(s) & kExp) : s;
 }
 
+
+// The scale of kinds tensor (from x's amax, fallback state[0]) and delayed (from the amax history, reduced by max
+// when ``reduce_max`` else its front, x's amax where that is not positive; fallback state[0]): scaling.py's
+// tensor_scale and delayed_scale, read without updating the state.
+float computed_scale(int kind, float amax, bool pow2, const float* consts, const float* state, const float* hist,
+                     int64_t hist_len, bool reduce_max) {
+  if (kind == KIND_TENSOR) return scale_from(amax, state[0], consts[0], consts[1], pow2);
+  float ref = hist[0];
+  if (reduce_max) {  // a NaN in the history propagates, as torch's amax does
+    for (int64_t i = 1; i < hist_len && !std::isnan(ref); ++i) {
+      ref = std::isnan(hist[i]) || hist[i] > ref ? hist[i] : ref;
+    }
+  }
+  return scale_from(ref > 0.0f ? ref : amax, state[0], consts[0], consts[1], pow2);
+}
+
+// format.py's FloatFormat.ulp on the float32 bits: 2^(max(floor(log2|x|), emin) − M), the subnormal spacing
+// below float32's normals, NaN where x is not finite.
+inline float ulp_of(float x, int32_t emin, int32_t mbits) {
+  const int32_t e32 = (as_i(x) >> 23) & 0xFF;
+  const int32_t k = (e32 - 127 > emin ? e32 - 127 : emin) - mbits;
+  const int32_t sub = k + 149 < 0 ? 0 : (k + 149 > 22 ? 22 : k + 149);
+  const int32_t bits = k >= -126 ? (k + 127) << 23 : (1 << sub);
+  return e32 == 0xFF ? std::numeric_limits<float>::quiet_NaN() : as_f(bits);
+}
+
+// What one Adam step with a stiffness S needs besides the tensors (see altgrad_stiff_adam_step).
+struct Step {
+  float lr_bc1, lr_wd, keep, eps, bc2, beta2, one_minus_beta2, lerp_coeff;
+  bool lerp_from_end;  // torch's lerp for a weight >= 0.5: end + (w − 1)(end − start)
+  float s, two_minus_m, floor;
+  int32_t emin, mbits;
+};
+
+// One element of manifold_step_ (kStiff 0: pow2, 1: smooth) or relative_step_ (kStiff 2: |w|), in the operation
+// order of their torch.compile'd kernels (the committed records' arithmetic): the stiffness from w before the step;
+// the decay w − (lr·wd·S)·w (on the update) or w·(1 − lr·wd) with g·S (on the gradient); lerp for the first moment;
+// v·β2 + (g·g)·(1 − β2) with one rounding of the add (inductor emits an FMA for addcmul); then
+// w − (lr/bc1·m) / ((√v / bc2 + ε) / S).
+template <int kStiff, bool kOnUpdate>
+inline void stiff_adam1(const Step& c, float* w, const float* g, float* m, float* v, int64_t i) {
+  const float x = w[i];
+  float stiff;
+  if (kStiff == 0) {
+    stiff = ulp_of(x * c.s, c.emin, c.mbits) / c.s;
+  } else if (kStiff == 1) {
+    const float a = std::fabs(x) * c.two_minus_m;
+    stiff = std::isnan(a) || a > c.floor ? a : c.floor;  // torch.maximum: NaN propagates
+  } else {
+    stiff = std::fabs(x);
+  }
+  float grad = g[i];
+  float decayed;
+  if (kOnUpdate) {
+    decayed = x - (c.lr_wd * stiff) * x;
+  } else {
+    grad = grad * stiff;
+    decayed = x * c.keep;
+  }
+  const float mi = m[i];
+  const float moment = c.lerp_from_end ? grad + (grad - mi) * c.lerp_coeff : mi + (grad - mi) * c.lerp_coeff;
+  const float second = std::fma(grad * grad, c.one_minus_beta2, v[i] * c.beta2);
+  float denom = std::sqrt(second) / c.bc2 + c.eps;
+  if (kOnUpdate) denom = denom / stiff;
+  m[i] = moment;
+  v[i] = second;
+  w[i] = decayed - (c.lr_bc1 * moment) / denom;
+}
+
+template <int kStiff, bool kOnUpdate>
+void stiff_adam(const Step& c, float* w, const float* g, float* m, float* v, int64_t n, int threads) {
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+#pragma omp parallel for num_threads(threads_for(n, threads)) schedule(static) if (threads_for(n, threads) > 1)
+  for (int64_t k = 0; k < chunks; ++k) {
+    const int64_t end = (k + 1) * kChunk < n ? (k + 1) * kChunk : n;
+    for (int64_t i = k * kChunk; i < end; ++i) stiff_adam1<kStiff, kOnUpdate>(c, w, g, m, v, i);
+  }
+}
 }  // namespace
 
 extern "C" {
@@ -435,16 +514,8 @@ int altgrad_quant_call(const float* x, float* y, int64_t n, const int32_t* p, in
   const bool need_amax = kind == KIND_TENSOR || kind == KIND_DELAYED || stats != nullptr;
   const float amax = need_amax ? as_f(amax_bits(xb, n, threads)) : 0.0f;
   float s = 1.0f;
-  if (kind == KIND_TENSOR) {
-    s = scale_from(amax, state[0], consts[0], consts[1], pow2 != 0);
-  } else if (kind == KIND_DELAYED) {
-    float ref = hist[0];
-    if (reduce_max) {  // a NaN in the history propagates, as torch's amax does
-      for (int64_t i = 1; i < hist_len && !std::isnan(ref); ++i) {
-        ref = std::isnan(hist[i]) || hist[i] > ref ? hist[i] : ref;
-      }
-    }
-    s = scale_from(ref > 0.0f ? ref : amax, state[0], consts[0], consts[1], pow2 != 0);
+  if (kind == KIND_TENSOR || kind == KIND_DELAYED) {
+    s = computed_scale(kind, amax, pow2 != 0, consts, state, hist, hist_len, reduce_max != 0);
   } else if (kind == KIND_GIVEN && scale_each == nullptr) {
     s = state[0];
   }
@@ -495,6 +566,50 @@ void altgrad_flip_sums(const float* q_before, const float* q_after, const float*
     }
     for (int c = 0; c < 6; ++c) sums[6 * k + c] = acc[c];
   }
+}
+
+// One tensor's Adam step with stiffness S, in place on n contiguous float32 values w, g, m (first moment), v (second):
+// ManifoldAdamW's ``manifold_step_`` (stiffness 0: pow2, S = ulp_F(w·s)/s; 1: smooth, S = max(|w|·2^−M, ulp_F(0)/s))
+// and RelativeAdamW's ``relative_step_`` (2: S = |w|; no scale), bit for bit with their compiled kernels.
+// on_update: S multiplies the step (else the gradient). hyper: float32 [lr, weight_decay, 1 − β1^t, √(1 − β2^t), ε].
+// The scale s of w's grid: kind 0 none (s = 1), 1 tensor, 2 delayed, as a quantizer call computes it without
+// updating (consts, state, hist as in altgrad_quant_call); emin, mbits: the format's. Returns 0, or −1 for a bad
+// stiffness or kind.
+int altgrad_stiff_adam_step(float* w, const float* g, float* m, float* v, int64_t n, int stiffness, int on_update,
+                            const float* hyper, double beta1, double beta2, int32_t emin, int32_t mbits, int kind,
+                            int pow2, const float* consts, const float* state, const float* hist, int64_t hist_len,
+                            int reduce_max, int threads) {
+  if (stiffness < 0 || stiffness > 2 || kind < KIND_NONE || kind > KIND_DELAYED) return -1;
+  Step c{};
+  c.lr_bc1 = hyper[0] / hyper[2];
+  c.lr_wd = hyper[0] * hyper[1];
+  c.keep = 1.0f - c.lr_wd;
+  c.bc2 = hyper[3];
+  c.eps = hyper[4];
+  c.beta2 = static_cast<float>(beta2);
+  c.one_minus_beta2 = static_cast<float>(1.0 - beta2);
+  const double weight = 1.0 - beta1;  // torch's lerp: start + w(end − start) for |w| < 0.5, else from the end
+  c.lerp_from_end = !(std::fabs(weight) < 0.5);
+  c.lerp_coeff = static_cast<float>(c.lerp_from_end ? weight - 1.0 : weight);
+  c.emin = emin;
+  c.mbits = mbits;
+  c.s = 1.0f;
+  if (stiffness != 2 && kind != KIND_NONE) {
+    const float amax = as_f(amax_bits(reinterpret_cast<const int32_t*>(w), n, threads));
+    c.s = computed_scale(kind, amax, pow2 != 0, consts, state, hist, hist_len, reduce_max != 0);
+  }
+  c.two_minus_m = std::ldexp(1.0f, -mbits);
+  c.floor = ulp_of(0.0f * c.s, emin, mbits) / c.s;
+  const int t = threads < 1 ? 1 : threads;
+  const bool up = on_update != 0;
+  if (stiffness == 0) {
+    up ? stiff_adam<0, true>(c, w, g, m, v, n, t) : stiff_adam<0, false>(c, w, g, m, v, n, t);
+  } else if (stiffness == 1) {
+    up ? stiff_adam<1, true>(c, w, g, m, v, n, t) : stiff_adam<1, false>(c, w, g, m, v, n, t);
+  } else {
+    up ? stiff_adam<2, true>(c, w, g, m, v, n, t) : stiff_adam<2, false>(c, w, g, m, v, n, t);
+  }
+  return 0;
 }
 
 }  // extern "C"

@@ -50,8 +50,8 @@ LOCATION_KEYS = (
 )
 # Deliberately NOT location keys: trainer.val_check_interval (best_val_loss is the minimum over the validations run,
 # and a divergence is caught at one), trainer.log_every_n_steps (the instruments' interval interpolates it),
-# optimizer.kernel (the compiled and eager steps differ by ~1e-6), and everything else under trainer (precision,
-# compile, devices, clipping, ...).
+# optimizer.kernel (the compiled and eager steps differ by ~1e-6; auto and native compare as compiled, the same
+# bits: resume_check.SAME_BITS), and everything else under trainer (precision, compile, devices, clipping, ...).
 DATA_LOCATIONS = ("data.path", "data.dir")
 """Where a data source reads its files (data=local, data=folder): not identity once the files' sha256 are recorded."""
 SEED_KEY = "seed"

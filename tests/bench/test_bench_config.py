@@ -221,7 +221,10 @@ def test_format_names_are_the_presets_plus_fp32_and_every_format_option_is_one(t
 
 @pytest.mark.parametrize(("override", "expected"), [
     ("quant.kernel=fast", "quant.kernel='fast' is not valid; valid: auto, native, compiled, eager"),
-    ("optimizer=manifold optimizer.kernel=fused", "optimizer.kernel='fused' is not valid; valid: compiled, eager"),
+    ("optimizer=manifold optimizer.kernel=fused",
+     "optimizer.kernel='fused' is not valid; valid: auto, native, compiled, eager"),
+    ("optimizer=grid quant.master=none optimizer.kernel=native",
+     "optimizer.kernel='native' is invalid: expected compiled or eager for optimizer=grid"),
     ("trainer.compile=true", "trainer.compile=true is off on the CPU"),
     ("trainer.compile=maybe", "trainer.compile='maybe' is not valid; valid: false, true, force"),
 ])
@@ -234,9 +237,9 @@ def test_implementation_choices_are_config_checked_in_one_line(tmp_path: Path, o
 
 def test_implementation_choices_default_to_what_make_train_runs(tmp_path: Path) -> None:
     assert validate(compose_cfg(tmp_path)).quant.kernel == "auto"
-    for option in ("manifold", "relative", "grid", "manifold_grad", "grid_real"):
-        assert validate(compose_cfg(tmp_path, f"optimizer={option}", "quant.master=none")).optimizer.kernel == \
-            "compiled"
+    for option, kernel in (("manifold", "auto"), ("relative", "auto"), ("manifold_grad", "auto"),
+                           ("grid", "compiled"), ("grid_real", "compiled")):
+        assert validate(compose_cfg(tmp_path, f"optimizer={option}", "quant.master=none")).optimizer.kernel == kernel
     assert validate(compose_cfg(tmp_path, "trainer.compile=force")).trainer.compile == "force"
 
 
@@ -313,7 +316,8 @@ def test_param_groups_list_tied_weights_once() -> None:
 def test_records_from_before_the_kernel_keys_resume_and_skip_as_before(tmp_path: Path) -> None:
     """Runs recorded before quant.kernel / optimizer.kernel existed are the same configuration as today's defaults
     (resume_sweep skips them, a checkpoint resumes); quant.kernel never counts (every road gives the same bits),
-    optimizer.kernel does (the eager step differs from the compiled one in float32 rounding)."""
+    optimizer.kernel does where the arithmetic differs (eager vs compiled, in float32 rounding), not between compiled,
+    native and auto (the same bits)."""
     import copy
 
     from altgrad.resume_check import config_differences as state_differences
@@ -326,6 +330,10 @@ def test_records_from_before_the_kernel_keys_resume_and_skip_as_before(tmp_path:
     other_road = copy.deepcopy(current)
     other_road["quant"]["kernel"] = "eager"
     assert identity_differences(other_road, current) == [] and state_differences(other_road, current) == []
+    for same_bits in ("compiled", "native"):  # auto's (today's default) steps: the compiled step's bits
+        step = copy.deepcopy(current)
+        step["optimizer"]["kernel"] = same_bits
+        assert identity_differences(step, current) == [] and state_differences(step, current) == []
     eager_step = copy.deepcopy(current)
     eager_step["optimizer"]["kernel"] = "eager"
     assert identity_differences(eager_step, current) == ["optimizer.kernel: 'eager' → 'compiled'"]
