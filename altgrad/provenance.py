@@ -17,6 +17,9 @@ PACKAGE_ROOT = Path(__file__).resolve().parent.parent  # the folder holding altg
 GIT_TIMEOUT_S = 10
 CODE_PATHS = ("altgrad", "conf", "pyproject.toml", "Makefile")
 """What a run's numbers can depend on; a commit that changes none of them (records, docs, tests) is the same code."""
+STUDY_TABLES = ("conf/experiment/optim/tuned/",)
+"""Below CODE_PATHS but written by a study as it runs, not code: the tuned-lr tables (the lrs a run took from one
+are in its own config, optimizer.lr and baseline.lr)."""
 
 
 def _git(root: Path, *args: str) -> str | None:
@@ -47,10 +50,12 @@ def code_state(root: Path = PACKAGE_ROOT) -> dict[str, Any]:
 
 
 def code_tree(commit: str, root: Path = PACKAGE_ROOT) -> tuple[str, ...] | None:
-    """The git object ids of CODE_PATHS at ``commit`` (equal for two commits whose code is the same), or None where
-    git cannot tell (no checkout, an unknown commit, a shallow clone without it)."""
+    """The files of CODE_PATHS at ``commit`` as "object id path" (equal for two commits whose code is the same), less
+    STUDY_TABLES; None where git cannot tell (no checkout, an unknown commit, a shallow clone without it)."""
     if not re.fullmatch(r"[0-9a-f]{4,64}", commit):  # a sha, never an option or a revision expression
         return None
-    out = _git(root, "rev-parse", *(f"{commit}:{path}" for path in CODE_PATHS))
-    ids = tuple(out.split()) if out is not None else ()
-    return ids if len(ids) == len(CODE_PATHS) else None
+    out = _git(root, "ls-tree", "-r", "--full-tree", commit, "--", *CODE_PATHS)
+    if not out:
+        return None
+    files = (line.split(None, 2)[2].split("\t", 1) for line in out.splitlines())  # "mode type oid\tpath"
+    return tuple(f"{oid} {path}" for oid, path in files if not path.startswith(STUDY_TABLES))
