@@ -358,7 +358,8 @@ steady tokens/s (the fp32 job's over this one's, so both are slowdowns). The run
 `altgrad/bench/_reference_loop.py`: the same GPT, data windows, batch, AdamW groups, schedule, clip and validation
 cadence as a nanoGPT-style loop (forward, backward, clip, AdamW step; no Lightning, logger, callbacks, checkpoints).
 Rows on request (`--only`): `e4m3 callbacks=full`, sweep job 2, `e4m3 compiled road` (`quant.kernel=compiled`),
-`fp32 compile` / `e4m3 compile` (`trainer.compile=force`). Where the quantized jobs' time goes, and what would close
+`e5m2 manifold master=none compiled step` (`optimizer.kernel=compiled`), `fp32 compile` / `e4m3 compile`
+(`trainer.compile=force`). Where the quantized jobs' time goes, and what would close
 the gaps this page shows: [job_profile](job_profile.md).
 """
 

@@ -4,7 +4,9 @@ Every optimizer steps its own copy of the same quantized nano GPT (layer map ``u
 the same fixed gradients; steps are timed round-robin (one step of each optimizer per round) so machine load hits
 all of them alike.  The table reports per optimizer the median wall-clock time of a step and the median CPU time
 the process spent in it (immune to other processes taking the cores of a shared machine), each with its ratio to
-AdamW.  The fused kernels are compiled during the warm-up steps (optimizer.kernel=compiled, the default).
+AdamW.  The ULP-aware optimizers run their default step (``optimizer.kernel=auto``: ManifoldAdamW's and
+RelativeAdamW's native step, GridOptim's compiled one); the ``compiled`` rows take ManifoldAdamW's and RelativeAdamW's
+torch.compile'd step instead (the same bits), compiled during the warm-up steps.
 
     python -m altgrad.bench optim [--steps 200] [--warmup 20] [--format e4m3] [--threads N]
 """
@@ -39,6 +41,10 @@ CONFIGS: dict[str, dict[str, Any]] = {
                        "weight_decay": 0.1},
     "manifold[update,smooth]": {"_target_": "altgrad.optim.ManifoldAdamW", "stiffness_kind": "smooth",
                                 "weight_decay": 0.1},
+    "manifold[update,compiled]": {"_target_": "altgrad.optim.ManifoldAdamW", "stiffness_on": "update",
+                                  "weight_decay": 0.1, "kernel": "compiled"},
+    "relative": {"_target_": "altgrad.optim.RelativeAdamW", "weight_decay": 0.1},
+    "relative[compiled]": {"_target_": "altgrad.optim.RelativeAdamW", "weight_decay": 0.1, "kernel": "compiled"},
     "grid[adam]": {"_target_": "altgrad.optim.GridOptim", "inner": "adam", "weight_decay": 0.1, "seed": 0},
     "grid[sgd]": {"_target_": "altgrad.optim.GridOptim", "inner": "sgd", "weight_decay": 0.1, "seed": 0},
     "madam": {"_target_": "altgrad.optim.Madam", "weight_decay": 0.1},
