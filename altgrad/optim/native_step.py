@@ -1,10 +1,10 @@
 """The ULP-aware optimizers' native step: ``manifold_step_`` and ``relative_step_`` as one C++ pass per tensor.
 
 The same operations in the same order as their torch.compile'd CPU kernels (tests/optim/test_native_step.py checks
-the bits), without dynamo's guards on every call and the compile in every process: the step cost ManifoldAdamW
-≈ 13 ms a step on the small recipe against AdamW's 7 (docs/benchmarks/job_profile.md). It serves contiguous float32
-CPU tensors whose grid computes one scale per tensor (scaling none, tensor or delayed); elsewhere the optimizers run
-their compiled step.
+the bits), without dynamo's guards on every call and the compile in every process (the compiled step cost
+ManifoldAdamW ≈ 13 ms a step more than AdamW on the small recipe: docs/benchmarks/job_profile.md). It serves
+contiguous float32 CPU tensors whose grid computes one scale per tensor (scaling none, tensor or delayed); elsewhere
+the optimizers run their compiled step.
 """
 
 from __future__ import annotations

@@ -400,7 +400,6 @@ float scale_from(float amax, float prev, float max, float margin, bool pow2) {
   return pow2 ? as_f(as_i(s) & kExp) : s;
 }
 
-
 // The scale of kinds tensor (from x's amax, fallback state[0]) and delayed (from the amax history, reduced by max
 // when ``reduce_max`` else its front, x's amax where that is not positive; fallback state[0]): scaling.py's
 // tensor_scale and delayed_scale, read without updating the state.

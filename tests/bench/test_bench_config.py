@@ -235,6 +235,24 @@ def test_implementation_choices_are_config_checked_in_one_line(tmp_path: Path, o
     assert expected in str(err.value) and "\n" not in str(err.value)
 
 
+def test_the_configs_kernel_lists_are_the_codes() -> None:
+    """config.py keeps its own copies (it imports no torch); they must name what the code accepts."""
+    from altgrad.config import NATIVE_STEP_OPTIMIZERS, OPTIM_KERNELS, QUANT_KERNELS
+    from altgrad import optim
+    from altgrad.optim.kernels import NATIVE_STEP_KERNELS
+    from altgrad.quant.compiled import KERNELS
+
+    assert OPTIM_KERNELS == NATIVE_STEP_KERNELS and QUANT_KERNELS == KERNELS
+    p = [torch.nn.Parameter(torch.zeros(2))]
+    for name in ("ManifoldAdamW", "RelativeAdamW", "GridOptim"):
+        try:
+            getattr(optim, name)(p, kernel="auto")
+            takes_auto = True
+        except ValueError as err:
+            takes_auto = "valid: compiled, eager" not in str(err)
+        assert takes_auto == (name in NATIVE_STEP_OPTIMIZERS), name
+
+
 def test_implementation_choices_default_to_what_make_train_runs(tmp_path: Path) -> None:
     assert validate(compose_cfg(tmp_path)).quant.kernel == "auto"
     for option, kernel in (("manifold", "auto"), ("relative", "auto"), ("manifold_grad", "auto"),
