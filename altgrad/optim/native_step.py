@@ -39,10 +39,10 @@ def _grid_scale(grid: Grid) -> dict | None:
 def serves(*tensors: Tensor) -> bool:
     """Whether the native step can run on these tensors: the kernel is built and they are contiguous float32 CPU
     tensors of one size, outside any tracing."""
-    if native.kernel() is None:
-        return False
     n = tensors[0].numel()
-    return all(native.takes(t) and t.is_contiguous() and t.numel() == n for t in tensors)
+    if not all(native.takes(t) and t.is_contiguous() and t.numel() == n for t in tensors):
+        return False  # checked first: a CUDA run never builds the CPU kernel
+    return native.kernel() is not None
 
 
 def stiff_adam_step_(w: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, hyper: Tensor, beta1: float,
