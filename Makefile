@@ -18,9 +18,12 @@ NAME ?= all
 RUN ?= $(lastword $(sort $(wildcard multirun/*/*)))
 EVIDENCE_DATA ?= $(CURDIR)/.cache/evidence-gpu
 EVIDENCE_BUDGET ?= 540
+GPU_JOBS ?= fp32,e4m3,e4m3 callbacks=none
+# dense bf16 FLOP/s of an H100 / H200 SXM, for the steady MFU (trainer=gpu's own default is an A100's)
+GPU_PEAK ?= 9.89e14
 
 .DEFAULT_GOAL := help
-.PHONY: install train test test-slow test-gpu bench-gpu sweep report bench study evidence-gpu-data evidence-gpu lint clean help
+.PHONY: install train test test-slow test-gpu bench-gpu bench-gpu-job profile-gpu-job sweep report bench study evidence-gpu-data evidence-gpu lint clean help
 
 # torch goes in first, pinned to the CPU build: a looser spec would pull the multi-GB CUDA wheels.
 $(STAMP): pyproject.toml
@@ -47,6 +50,15 @@ bench-gpu: ## on a CUDA machine: quantize at 2^24 and 2^28 vs a device copy, and
 	python3 -m altgrad.bench quantize --device cuda --log2n 24
 	python3 -m altgrad.bench quantize --device cuda --log2n 28
 	python3 -m altgrad.bench step --device cuda --model gpt_50m --vocab 50257 --bf16 --steps 20
+
+bench-gpu-job: ## on a CUDA machine: the job bench on model=gpt_50m trainer=gpu (bf16 vs quantized bf16, steady MFU)
+	python3 -m altgrad.bench job --rounds 1 --threads default --recipes default --steps 600 --only '$(GPU_JOBS)' \
+	  --set trainer=gpu --set model=gpt_50m --set trainer.peak_flops=$(GPU_PEAK) --no-calls \
+	  --markdown docs/benchmarks/job_gpu.md $(ARGS)
+
+profile-gpu-job: ## on a CUDA machine: where a quantized bf16 step's time goes (torch.profiler, 20 steps mid-run)
+	python3 -m altgrad.train trainer=gpu model=gpt_50m format=e4m3 logger=csv trainer.max_steps=300 \
+	  trainer.profiler=pytorch trainer.peak_flops=$(GPU_PEAK) hydra.run.dir=outputs/profile-gpu-job $(ARGS)
 
 sweep: $(STAMP) ## multirun an experiment: make sweep EXP=seeds ARGS='trainer.max_steps=100'
 	$(BIN)/python -m altgrad.train -m experiment=$(EXP) $(ARGS)

@@ -148,7 +148,9 @@ COMPILE_CHOICES = (False, True, "force")
 """`trainer.compile`: false, true (refused on the CPU), force (compile on any accelerator)."""
 
 
-PROFILERS = ("simple", "advanced")  # Lightning's SimpleProfiler (wall time per hook) and AdvancedProfiler (cProfile)
+# Lightning's SimpleProfiler (wall time per hook), AdvancedProfiler (cProfile) and PyTorchProfiler (torch.profiler's
+# operator and CUDA-kernel table over PROFILE_ACTIVE steady steps from the middle of the run)
+PROFILERS = ("simple", "advanced", "pytorch")
 
 
 @dataclass
@@ -174,7 +176,7 @@ class TrainerSchema:
     peak_flops: Optional[float] = MISSING
     sample_tokens: int = MISSING
     progress_refresh: int = MISSING
-    profiler: Optional[str] = MISSING  # null | simple | advanced (PROFILERS)
+    profiler: Optional[str] = MISSING  # null | simple | advanced | pytorch (PROFILERS)
 
     def __post_init__(self) -> None:
         _choice("trainer.accelerator", self.accelerator, ACCELERATORS)

@@ -186,7 +186,12 @@ class AltGradModule(L.LightningModule):
             self.run_summary["mfu"] = self.model.estimate_mfu(tps, self.peak_flops)
 
     def on_fit_end(self) -> None:
-        self.run_summary["timing"] = self.job_clock.summary(fit_end=time.time())
+        timing = self.job_clock.summary(fit_end=time.time())
+        self.run_summary["timing"] = timing
+        steady = timing["steady_tokens_per_second"]
+        if steady is not None and self.peak_flops:
+            # `mfu` averages over every step (compiles included); this one is the steady second half's
+            self.run_summary["steady_mfu"] = self.model.estimate_mfu(steady, self.peak_flops)
 
     # -- validation -------------------------------------------------------------------------------------------------
     def on_validation_start(self) -> None:

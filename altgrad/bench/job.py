@@ -24,6 +24,10 @@ alike; the tables give medians over rounds with their spread. Columns:
 - fp32 tok/s ÷ this: the fp32 job's steady tokens/s over this one's (a slowdown, like the wall ratio);
 - phases: start-up (to fit start), the first step, all steps, validation, and after training.
 
+On a CUDA machine, ``--set trainer=gpu --set model=gpt_50m`` (``make bench-gpu-job``) runs the same jobs on the GPU
+preset: the one target there is the quantized bf16 job's steady tokens/s ≥ 0.85 × the bf16 job's, and a steady-MFU
+column appears wherever the jobs have a ``trainer.peak_flops``.
+
 The reference row is a plain PyTorch loop of the same model and recipe (``altgrad.bench._reference_loop``). Targets
 (issue 31) apply to both ratios, in every setting. With ``--markdown`` the page also gets the quantizer's per-call
 cost from ``python -m altgrad.bench calls`` (unless ``--no-calls``).
@@ -83,6 +87,8 @@ JOBS: tuple[Job, ...] = (
 BASE = "fp32"
 REFERENCE = "plain PyTorch loop"
 PLAIN_TARGET = 0.95  # the fp32 job's steady tokens/s over the plain loop's, at least
+GPU_TARGET = 0.85  # on a GPU (--set trainer=gpu): the quantized bf16 job's steady tok/s over the bf16 job's, at least
+GPU_TARGETED = "e4m3"  # the quantized bf16 job of that target (default diagnostics)
 SWEEP_SEEDS = "seed=1337,1338"
 RECIPES: dict[str, tuple[str, ...]] = {
     "default": (),
@@ -126,6 +132,7 @@ class Sample:
     steps: float | None
     validation: float | None
     after_fit: float | None
+    steady_mfu: float | None = None  # with trainer.peak_flops set (the GPU presets)
 
 
 @dataclass
@@ -158,7 +165,8 @@ def run_job(job: Job, out: Path, steps: int, extra: list[str], env: dict[str, st
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
         raise SystemExit(f"error: job {job.name!r} exited with {proc.returncode}:\n  " + "\n  ".join(tail))
-    timing = json.loads((summary_dir / "summary.json").read_text())["timing"]
+    summary = json.loads((summary_dir / "summary.json").read_text())
+    timing = summary["timing"]
     if job.kind == "sweep":  # job 2 counts from the first job's end of training
         origin = json.loads((out / "0" / "summary.json").read_text())["timing"]["fit_end_unix"]
     else:
@@ -168,7 +176,8 @@ def run_job(job: Job, out: Path, steps: int, extra: list[str], env: dict[str, st
                   steady_tps=timing.get("steady_tokens_per_second"),
                   startup=timing.get("startup_seconds") if job.kind != "sweep" else None,
                   first_step=timing.get("first_step_seconds"), steps=timing.get("steps_seconds"),
-                  validation=timing.get("validation_seconds"), after_fit=exited - timing["fit_end_unix"])
+                  validation=timing.get("validation_seconds"), after_fit=exited - timing["fit_end_unix"],
+                  steady_mfu=summary.get("steady_mfu"))
 
 
 def folder(name: str) -> str:
@@ -212,9 +221,16 @@ class Row:
     tps: float | None
     slowdown: float | None  # the fp32 job's steady tokens/s over this one's
     of_plain: float | None  # this one's steady tokens/s over the plain loop's (fp32 only)
+    mfu: float | None = None  # steady MFU (median), where the jobs had a peak to divide by
+    gpu: bool = False  # measured on a GPU: only GPU_TARGET applies
 
     def check(self) -> tuple[str, str]:
         """(the target as text, its verdict) for this row; ('', '') where none applies."""
+        if self.gpu:
+            if self.job.name != GPU_TARGETED:
+                return "", ""
+            share = None if self.slowdown is None else 1 / self.slowdown
+            return f"tok/s ≥ {GPU_TARGET:.2f} × fp32", verdict(GPU_TARGET, share, at_least=True)
         if self.job.name == BASE:
             return f"tok/s ≥ {PLAIN_TARGET:.2f} × plain loop", verdict(PLAIN_TARGET, self.of_plain, at_least=True)
         if self.job.target is not None:
@@ -222,8 +238,8 @@ class Row:
         return "", ""
 
 
-def rows(results: Results, jobs: list[Job]) -> list[Row]:
-    """The medians of every configuration measured so far."""
+def rows(results: Results, jobs: list[Job], gpu: bool = False) -> list[Row]:
+    """The medians of every configuration measured so far (``gpu``: judged by GPU_TARGET alone)."""
     base_tps = _median([s.steady_tps for s in results.samples.get(BASE, [])])
     ref_tps = _median([s.steady_tps for s in results.samples.get(REFERENCE, [])])
     out = []
@@ -235,21 +251,26 @@ def rows(results: Results, jobs: list[Job]) -> list[Row]:
         out.append(Row(job, _median([s.wall for s in samples]), _spread([s.wall for s in samples]),
                        _median(results.ratios.get(job.name, [])), _median([s.warmup for s in samples]), tps,
                        base_tps / tps if tps and base_tps else None,
-                       tps / ref_tps if job.name == BASE and tps and ref_tps else None))
+                       tps / ref_tps if job.name == BASE and tps and ref_tps else None,
+                       _median([s.steady_mfu for s in samples]), gpu))
     return out
 
 
-def table(results: Results, jobs: list[Job], markdown: bool = False) -> str:
-    """One setting's two tables (overview and phases) over the rounds measured so far."""
+def table(results: Results, jobs: list[Job], markdown: bool = False, gpu: bool = False) -> str:
+    """One setting's two tables (overview and phases) over the rounds measured so far; a steady-MFU column where the
+    jobs recorded one."""
+    measured = rows(results, jobs, gpu)
+    with_mfu = any(r.mfu is not None for r in measured)
     head = ["configuration", "wall s", "spread", "× fp32 wall", "warm-up s", "steady tok/s", "fp32 tok/s ÷ this",
-            "target", "verdict"]
+            *(["steady MFU"] * with_mfu), "target", "verdict"]
     body = []
-    for r in rows(results, jobs):
+    for r in measured:
         target, ok = r.check()
-        if r.job.name == BASE:
+        if r.job.name == BASE and not gpu:
             target = f"{_fmt(r.of_plain, '.3f')} × plain loop tok/s; ≥ {PLAIN_TARGET:.2f}"
+        mfu = [_fmt(None if r.mfu is None else 100 * r.mfu, ".2f") + " %" * (r.mfu is not None)] * with_mfu
         body.append([r.job.name, _fmt(r.wall, ".1f"), r.spread, _fmt(r.wall_ratio, ".3f"), _fmt(r.warmup, ".1f"),
-                     _fmt(r.tps, ".0f"), _fmt(r.slowdown, ".3f"), target, ok])
+                     _fmt(r.tps, ".0f"), _fmt(r.slowdown, ".3f"), *mfu, target, ok])
     phase_head = ["configuration", "start-up s", "first step s", "steps s", "validation s", "after training s"]
     phases = []
     for job in jobs:
@@ -261,12 +282,20 @@ def table(results: Results, jobs: list[Job], markdown: bool = False) -> str:
                       _grid(phase_head, phases, markdown)])
 
 
-def targets_table(results: dict[Setting, Results], jobs: list[Job], markdown: bool = False) -> str:
+def targets_table(results: dict[Setting, Results], jobs: list[Job], markdown: bool = False, gpu: bool = False) -> str:
     """Every target (rows) in every setting (columns): the ratios it applies to and the verdict."""
     settings = list(results)
     head = ["target (issue 31)"] + [s.label for s in settings]
     body = []
-    by_setting = {s: {r.job.name: r for r in rows(results[s], jobs)} for s in settings}
+    by_setting = {s: {r.job.name: r for r in rows(results[s], jobs, gpu)} for s in settings}
+    if gpu:
+        line = []
+        for s in settings:
+            r = by_setting[s].get(GPU_TARGETED)
+            share = None if r is None or r.slowdown is None else 1 / r.slowdown
+            line.append("not run" if r is None else f"{_fmt(share, '.3f')} ×: {r.check()[1]}")
+        return _grid(head, [[f"`{GPU_TARGETED}` (quantized bf16) steady tok/s ≥ {GPU_TARGET:.2f} × the fp32 (bf16) "
+                             "job's", *line]], markdown)
     for job in jobs:
         if job.name != BASE and job.target is None:
             continue
@@ -364,18 +393,32 @@ the gaps this page shows: [job_profile](job_profile.md).
 """
 
 
+GPU_NOTE = """**On a GPU** (`--set trainer=gpu`): bf16-mixed autocast, TF32, torch.compile of the whole model (the
+quantizers traced into its graph); `fp32` is the unquantized bf16 job and the one target is issue 31's: the quantized
+bf16 job (`{targeted}`, default diagnostics) at ≥ {target:.2f} × its steady tokens/s. Steady MFU: the steady second
+half's tokens/s × the model's training FLOPs per token (6N + 12·L·H·Q·T) over `trainer.peak_flops`. The plain-loop
+row is a CPU reference and is not run here unless named."""
+
+
+def gpu_mode(sets: list[str]) -> bool:
+    """Whether the jobs run on the GPU preset (``--set trainer=gpu``)."""
+    return "trainer=gpu" in sets
+
+
 def page(results: dict[Setting, Results], jobs: list[Job], args: argparse.Namespace, command: str, minutes: float,
          loads: tuple[str, str], calls: str | None) -> str:
-    """The whole of docs/benchmarks/job.md."""
+    """The whole of docs/benchmarks/job.md (or, with ``--set trainer=gpu``, its GPU twin)."""
+    gpu = gpu_mode(args.set)
     settings = "; ".join(f"{s.label} ({s.steps} steps)" for s in results)
     parts = [PAGE_INTRO.format(minutes=f"{minutes:.0f}", command=command, n_settings=len(results), settings=settings,
                                rounds=args.rounds),
+             *([GPU_NOTE.format(targeted=GPU_TARGETED, target=GPU_TARGET), ""] if gpu else []),
              *([f"**{args.note}**", ""] if args.note else []),
              f"Machine: {machine()}. Run {time.strftime('%Y-%m-%d')}; load average (1/5/15 min) {loads[0]} before, "
              f"{loads[1]} after (the bench's own job keeps one core or more busy).", "",
-             "## Targets", "", targets_table(results, jobs, markdown=True), ""]
+             "## Targets", "", targets_table(results, jobs, markdown=True, gpu=gpu), ""]
     for setting, res in results.items():
-        parts += [f"## {setting.label} ({setting.steps} steps)", "", table(res, jobs, markdown=True), ""]
+        parts += [f"## {setting.label} ({setting.steps} steps)", "", table(res, jobs, markdown=True, gpu=gpu), ""]
     if calls is not None:
         parts += ["## The quantizer's per-call cost (`python -m altgrad.bench calls`)", "",
                   "One e4m3 tensor-scaled quantizer, one torch thread, CPU time of the calling thread per call "
@@ -383,8 +426,10 @@ def page(results: dict[Setting, Results], jobs: list[Job], args: argparse.Namesp
                   "cost goes. The step rows time the small recipe's training step (forward, backward, AdamW) "
                   "with every Linear quantized (statistics off, as on most steps) against fp32, per quantizer call.",
                   "", calls, ""]
-    parts += ["GPU (`model=gpt_50m trainer=gpu`, quantized bf16 ≥ 0.85 × bf16 tokens/s, MFU): not measured by this "
-              "page (no GPU in this machine); see [gpu](gpu.md).", ""]
+    if not gpu:
+        parts += ["GPU (`model=gpt_50m trainer=gpu`, quantized bf16 ≥ 0.85 × bf16 tokens/s, MFU): this bench with "
+                  "`--set trainer=gpu --set model=gpt_50m` on a CUDA machine (`make bench-gpu-job`); today's numbers "
+                  "and where the time goes: [gpu](gpu.md).", ""]
     return "\n".join(parts)
 
 
@@ -430,7 +475,8 @@ def main(argv: list[str]) -> None:
     threads = _threads(args.threads)
     if not threads:
         raise SystemExit("error: --threads needs at least one of 'default' or a count")
-    jobs = [j for j in JOBS if j.default]
+    gpu = gpu_mode(args.set)
+    jobs = [j for j in JOBS if j.default and not (gpu and j.kind == "reference")]
     if args.only:
         wanted = [w.strip() for w in args.only.split(",") if w.strip()]
         unknown = [w for w in wanted if w not in names]
@@ -470,13 +516,13 @@ def main(argv: list[str]) -> None:
                           f"{_fmt(sample.warmup, '.1f')} s, steady {_fmt(sample.steady_tps, '.0f')} tok/s", flush=True)
                 for name, wall in walls.items():
                     results[setting].ratios.setdefault(name, []).append(wall / walls[BASE])
-                print(f"\n{setting.label}, medians over {r + 1} round(s):\n{table(results[setting], jobs)}\n",
+                print(f"\n{setting.label}, medians over {r + 1} round(s):\n{table(results[setting], jobs, gpu=gpu)}\n",
                       flush=True)
     finally:
         if args.keep is None:
             shutil.rmtree(work, ignore_errors=True)
     load_after = _load()
-    print(targets_table(results, jobs))
+    print(targets_table(results, jobs, gpu=gpu))
     print(f"load average before {load_before}, after {load_after} (1/5/15 min)")
     if args.markdown is not None:
         calls = None if args.no_calls else calls_table()

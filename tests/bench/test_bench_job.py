@@ -96,6 +96,33 @@ def test_targets_table_has_a_column_per_setting() -> None:
     assert lines[3].endswith("| wall 1.050, tok/s 1.042: met | wall 1.200, tok/s 1.250: missed |")
 
 
+def test_on_a_gpu_the_one_target_is_the_quantized_jobs_share_of_bf16_throughput_with_steady_mfu() -> None:
+    """--set trainer=gpu: the e4m3 row is judged by tok/s ≥ 0.85 × the bf16 job's (not the CPU wall targets), the
+    fp32 row by nothing (the plain loop is a CPU reference), and a steady-MFU column appears."""
+    from dataclasses import replace
+
+    from altgrad.bench.job import gpu_mode
+
+    assert gpu_mode(["trainer=gpu", "model=gpt_50m"]) and not gpu_mode(["model=gpt_50m"])
+    jobs = [j for j in JOBS if j.name in ("fp32", "e4m3", "e4m3 callbacks=none")]
+    one = lambda wall, tps, mfu: replace(s(wall, tps), steady_mfu=mfu)  # noqa: E731
+    results = JobResults(samples={"fp32": [one(65, 436925, 0.0782)], "e4m3": [one(340, 286945, 0.0514)],
+                                  "e4m3 callbacks=none": [one(300, 380000, 0.068)]},
+                         ratios={"fp32": [1.0], "e4m3": [5.2], "e4m3 callbacks=none": [4.6]})
+    text = table(results, jobs, gpu=True)
+    lines = {line.split("  ")[0]: line for line in text.split("Phases")[0].splitlines()}
+    assert "steady MFU" in lines["configuration"]
+    assert "7.82 %" in lines["fp32"] and not lines["fp32"].rstrip().endswith(("met", "missed"))
+    assert "5.14 %" in lines["e4m3"] and lines["e4m3"].endswith("tok/s ≥ 0.85 × fp32  missed")
+    assert lines["e4m3 callbacks=none"].rstrip().endswith("6.80 %")  # no target of its own on a GPU
+    target = targets_table({Setting("default", 600, None): results}, jobs, markdown=True, gpu=True).splitlines()
+    assert len(target) == 3 and target[2].endswith("| 0.657 ×: missed |")
+    met = JobResults(samples={"fp32": [one(65, 100.0, None)], "e4m3": [one(70, 86.0, None)]},
+                     ratios={"fp32": [1.0], "e4m3": [1.08]})
+    assert targets_table({Setting("default", 600, None): met}, jobs, gpu=True).endswith("0.860 ×: met")
+    assert "steady MFU" not in table(met, jobs, gpu=True)  # no peak, no column
+
+
 @pytest.mark.slow
 def test_bench_runs_whole_jobs_in_every_setting_and_writes_the_page(tmp_path: Path,
                                                                      offline_env: dict[str, str]) -> None:

@@ -133,3 +133,21 @@ def test_the_step_metrics_are_logged_at_every_logging_step_and_only_there(tmp_pa
     assert all(0.0 < v < 10.0 for v in losses)
     profile = (run_dir / "fit-profile.txt").read_text()
     assert "[Callback]FlipCallback.on_train_batch_end" in profile and "run_training_batch" in profile
+
+
+def test_the_pytorch_profiler_records_mid_run_steps_and_the_run_completes(tmp_path, cache):
+    """trainer.profiler=pytorch: torch.profiler's operator table of 20 steps from mid-run in fit-profile.txt, and a
+    closing validation off the validation cadence (step 45 of 10-step intervals) still runs; with a peak the summary
+    gives the steady MFU beside the whole-run one, in the ratio of their throughputs."""
+    run_dir = tmp_path / "torch-profile"
+    proc = run_train(run_dir, cache, "format=e4m3", "logger=csv", "trainer.max_steps=45", "trainer.peak_flops=1e12",
+                     "trainer.profiler=pytorch", "trainer.sample_tokens=5")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    profile = (run_dir / "fit-profile.txt").read_text()
+    assert "ProfilerStep*" in profile and "aten::mm" in profile
+    calls = next(line for line in profile.splitlines() if line.strip().startswith("ProfilerStep*")).split()[-1]
+    assert calls == "20"
+    s = json.loads((run_dir / "summary.json").read_text())
+    assert s["status"] == "completed" and s["final_val_step"] == 45 and s["sample"]
+    steady = s["timing"]["steady_tokens_per_second"]
+    assert s["steady_mfu"] == pytest.approx(s["mfu"] * steady / s["tokens_per_second"], rel=1e-9)
