@@ -525,7 +525,11 @@ def ladder_lines(lad: Ladder | None) -> list[str]:
                          + (f", {first.failures} of {first.runs} runs failed" if first.failures else "")
                          + (f"; its step over the stage before: {step.mean:+.4f}, 95% CI {_ci(step.ci())}"
                             if step.mean is not None else "") + ")")
-    return [lines[0] + " " + "; ".join(parts) + "."]
+    out = [lines[0] + " " + "; ".join(parts) + "."]
+    if lad.problems:
+        out.append("**The ladder's runs do not separate its stages, so no stage above can be attributed:** "
+                   + "; ".join(lad.problems) + " (read from each run's layer_map.json and weight storage).")
+    return out
 
 
 def recovery_lines(result: StudyResult, rows: Sequence[Recovered]) -> list[str]:

@@ -8,6 +8,9 @@ Holm-corrected over every rung of every format; the failing stage of a format is
 diverged or never-learning run enters at its initial loss (the declaration's ``failure_value``), so a stage that
 breaks runs fails with them, never by dropping them.
 
+What each rung ran is read from its runs' own records (layer_map.json and the weight storage), not from the arm's
+name: rungs whose runs quantized the same roles cannot tell stages apart, and the report says so (``problems``).
+
 Recovery: per family format, each listed arm − ``recovery.reference`` (AdamW on float32 master weights with the same
 forward grid): what storing the weights on the grid costs each arm. An arm *recovers* when the equivalence test
 (TOST at the tie margin) rejects; it *costs* (or *gains*) when the two-sided test rejects with that sign; both are
@@ -39,6 +42,7 @@ class Rung:
     p_exceeds: float | None         # one-sided p of H0 Δ ≤ margin
     p_adjusted: float = 1.0         # Holm over every rung of every format
     fails: bool = False
+    ran: tuple[str, ...] = ()       # what its runs quantized (what_ran), one entry per distinct configuration
 
 
 @dataclass(frozen=True)
@@ -52,6 +56,7 @@ class Ladder:
     alpha: float
     formats: tuple[str, ...]
     rungs: tuple[Rung, ...]
+    problems: tuple[str, ...] = ()  # rungs that did not run what a ladder needs (mixed, or the same as another)
 
     def failing(self, fmt: str) -> Rung | None:
         """The first rung of ``fmt`` that fails, in ladder order; None when none does (or none ran)."""
@@ -91,6 +96,41 @@ def _values(result: StudyResult, jobs: Sequence[Job], fmt: str, arm: str) -> tup
     return built.values, len(mine), built.n_failures
 
 
+ROLES = (("weight", "W"), ("input", "A"), ("grad", "G"))
+
+
+def what_ran(job: Job) -> str | None:
+    """What a run quantized, from its own records: ``W``, ``W+A``, ``W+A+G`` (a role counts where any Linear has it)
+    and, without a float32 master copy, ``stored, <rounding>``; None where it wrote no layer map."""
+    layers = job.layer_map
+    if not isinstance(layers, dict) or not layers:
+        return None
+    tags = [tag for role, tag in ROLES if any(isinstance(v, dict) and v.get(role) for v in layers.values())]
+    text = "+".join(tags) or "nothing"
+    summary = job.summary or {}
+    if summary.get("master") == "none":
+        text += f", stored, {summary.get('storage_rounding')}"
+    return text
+
+
+def _ran(jobs: Sequence[Job], fmt: str, arm: str) -> tuple[str, ...]:
+    return tuple(sorted({r for j in jobs if j.format == fmt and j.arm == arm if (r := what_ran(j)) is not None}))
+
+
+def _problems(rungs: Sequence[Rung]) -> tuple[str, ...]:
+    """Rungs whose runs ran more than one configuration, and rungs of one format that ran the same as an earlier."""
+    out = []
+    for r in rungs:
+        if len(r.ran) > 1:
+            out.append(f"{r.format} {r.arm}: its runs quantized different things ({'; '.join(r.ran)})")
+    for i, r in enumerate(rungs):
+        same = [q.arm for q in rungs[:i] if q.format == r.format and len(q.ran) == 1 and q.ran == r.ran]
+        if len(r.ran) == 1 and same:
+            out.append(f"{r.format} {r.arm} ran the same as {', '.join(same)} ({r.ran[0]}): the ladder cannot tell "
+                       "those stages apart")
+    return tuple(out)
+
+
 def _paired(a: dict[int, float], b: dict[int, float]) -> dict[int, float]:
     return {s: a[s] - b[s] for s in sorted(a) if s in b}
 
@@ -110,14 +150,15 @@ def ladder(result: StudyResult) -> Ladder | None:
             deltas = _paired(values, ref)
             test = t_test(list(deltas.values()))
             step = t_test(list(_paired(values, previous).values()))
-            raw.append(Rung(fmt, arm, runs, failures, deltas, test, step, p_exceeds(test, ep.tie_margin)))
+            raw.append(Rung(fmt, arm, runs, failures, deltas, test, step, p_exceeds(test, ep.tie_margin),
+                            ran=_ran(jobs, fmt, arm)))
             if values:
                 previous = values
     adjusted = CORRECTIONS["holm"]([r.p_exceeds for r in raw])
     rungs = tuple(Rung(r.format, r.arm, r.runs, r.failures, r.deltas, r.vs_reference, r.vs_previous, r.p_exceeds,
-                       pa, pa < ep.alpha) for r, pa in zip(raw, adjusted))
+                       pa, pa < ep.alpha, r.ran) for r, pa in zip(raw, adjusted))
     return Ladder(ep.stages.reference_format, ep.stages.reference_arm, len(ref), ep.tie_margin, ep.alpha,
-                  result.formats, rungs)
+                  result.formats, rungs, _problems(rungs))
 
 
 def recovery(result: StudyResult) -> list[Recovered]:

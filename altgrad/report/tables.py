@@ -311,14 +311,15 @@ def mechanism_table(cells: Sequence[Cell], speeds: dict) -> str:
 
 
 def ladder_table(lad: Ladder) -> str:
-    """Every rung of the declared failure-stage ladder: Δ vs the reference cell with its CI, the one-sided test of
-    Δ > margin (raw and Holm), the increment over the rung before, and whether it fails."""
+    """Every rung of the declared failure-stage ladder: what its runs quantized, Δ vs the reference cell with its CI,
+    the one-sided test of Δ > margin (raw and Holm), the increment over the rung before, and whether it fails."""
     rows = []
     for r in lad.rungs:
-        rows.append([r.format, r.arm, r.runs, r.failures, len(r.deltas), _paired_text(r.vs_reference),
+        rows.append([r.format, r.arm, "; ".join(r.ran) or "—", r.runs, r.failures, len(r.deltas),
+                     _paired_text(r.vs_reference),
                      "—" if r.p_exceeds is None else f"{r.p_exceeds:.3g}", f"{r.p_adjusted:.3g}",
                      _paired_text(r.vs_previous), "fails" if r.fails else "—"])
-    return markdown_table(["format", "stage (arm)", "runs", "failures", "seed pairs",
+    return markdown_table(["format", "stage (arm)", "ran (its layer maps)", "runs", "failures", "seed pairs",
                            f"Δ vs {lad.reference_format} {lad.reference_arm} [95% CI]", f"p (Δ > {lad.margin:g})",
                            "Holm p", "Δ vs previous stage [95% CI]", "verdict"], rows)
 

@@ -255,6 +255,49 @@ def test_ladder_names_the_failing_stage_per_format() -> None:
     assert "e0m7: no stage run fails" in line
 
 
+def _layer_map(input_: bool, grad: bool) -> dict[str, Any]:
+    spec = {"format": {"name": "e4m3"}}
+    return {name: {"weight": spec, "input": spec if input_ else None, "grad": spec if grad else None, "tied": False}
+            for name in ("transformer.h.0.mlp.c_fc", "lm_head")}
+
+
+def test_the_ladder_reads_what_each_rung_ran_and_says_when_rungs_cannot_be_told_apart() -> None:
+    """Each rung shows what its runs quantized, from their layer_map.json and storage; a rung that ran what an earlier
+    rung ran (study 2's first code state: every stage ran as stage_w) is named as a problem in the findings."""
+    from dataclasses import replace
+
+    from altgrad.report.findings import ladder_lines
+    from altgrad.report.ladder import ladder, what_ran
+    from altgrad.report.tables import ladder_table
+
+    def planted(faithful: bool) -> list[Job]:
+        """stage_wag_rn's runs as recorded: faithful, or (as study 2's first code state ran it) weights only."""
+        out = []
+        for j in ladder_study():
+            if j.arm == "stage_w":
+                j = replace(j, layer_map=_layer_map(False, False))
+            elif j.arm == "stage_wag_rn":
+                j = replace(j, layer_map=_layer_map(faithful, faithful),
+                            summary={**j.summary, **({} if faithful else {"master": "fp32"})})
+            out.append(j)
+        return out
+
+    good = ladder(run(planted(True)))
+    rungs = {(r.format, r.arm): r for r in good.rungs}
+    assert rungs[("e4m3", "stage_w")].ran == ("W",)
+    assert rungs[("e4m3", "stage_wag_rn")].ran == ("W+A+G, stored, nearest",)
+    assert good.problems == () and len(ladder_lines(good)) == 1
+    assert "| e4m3 | stage_wag_rn | W+A+G, stored, nearest |" in ladder_table(good)
+    bad = ladder(run(planted(False)))
+    assert bad.problems == tuple(f"{f} stage_wag_rn ran the same as stage_w (W): the ladder cannot tell those "
+                                 "stages apart" for f in FORMATS)
+    assert ladder_lines(bad)[-1].startswith("**The ladder's runs do not separate its stages")
+    mixed = ladder(run([replace(j, layer_map=_layer_map(j.seed == 1, False)) if j.arm == "stage_w" else j
+                        for j in ladder_study()]))
+    assert "e4m3 stage_w: its runs quantized different things (W; W+A)" in mixed.problems
+    assert what_ran(Job(Path("x"), "x", "completed", {})) is None  # no layer map: nothing claimed
+
+
 def test_recovery_says_what_storage_costs_and_who_recovers() -> None:
     from altgrad.report.findings import recovery_lines
     from altgrad.report.ladder import recovery
