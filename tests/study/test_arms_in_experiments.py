@@ -7,6 +7,7 @@ ladder's stages must quantize the roles they name."""
 
 from __future__ import annotations
 
+from functools import lru_cache
 from pathlib import Path
 
 import pytest
@@ -54,6 +55,7 @@ def _declared(arm: str) -> tuple[list[str], list[str]]:
     return groups, keys({k: v for k, v in text.items() if k != "defaults"}, "")
 
 
+@lru_cache(maxsize=None)  # an arm alone is composed once for all its experiments
 def _compose(*overrides: str):
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         return compose("train", overrides=["format=e4m3", "paths.output_dir=/tmp/x",
