@@ -244,8 +244,9 @@ class AltGradModule(L.LightningModule):
             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
             "python": [version, list(state), gauss],
         }
+        # the diagnostics' run aggregates so far too: a resumed run rewrites only those its callbacks update again
         checkpoint["run_summary"] = {
-            k: v for k, v in self.run_summary.items() if k in ("initial_val_loss", "best_val_loss")
+            k: v for k, v in self.run_summary.items() if k in ("initial_val_loss", "best_val_loss", "diagnostics")
         }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:

@@ -28,6 +28,7 @@ class ActivationCallback(Instrument):
     """Kurtosis of block outputs and Linear inputs, input range use, and dead MLP units, on a probe batch."""
 
     group = "act"
+    run_state = ("_max_kurtosis", "_max_dead")
 
     def __init__(self, every_n_steps: int = 50, max_sequences: int = 4,
                  warn_kurtosis: float = KURTOSIS_WARNING) -> None:

@@ -27,6 +27,7 @@ class AttentionCallback(Instrument):
     """Logs ``attn/<block>.attn/head<k>/entropy`` for every head of every block."""
 
     group = "attn"
+    run_state = ("_entropies", "_final")
 
     def __init__(self, every_n_steps: int = 50, max_sequences: int = 4) -> None:
         super().__init__(every_n_steps)

@@ -81,16 +81,40 @@ def mean(values: Iterable[float | None]) -> float | None:
     return sum(kept) / len(kept) if kept else None
 
 
+def _plain(value: Any) -> Any:
+    """A copy of an accumulator that a checkpoint holds and torch.load(weights_only=True) reads (tensors on the CPU)."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().clone()
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
 class Instrument(L.Callback):
-    """A diagnostics callback with its own interval: due on the batches that complete step n·every_n_steps."""
+    """A diagnostics callback with its own interval: due on the batches that complete step n·every_n_steps.
+
+    Its run-level accumulators (``run_state``) travel in the checkpoint, so a resumed run's summary aggregates cover
+    the whole run, not only the steps after the resume."""
 
     group: ClassVar[str] = "diag"
+    run_state: ClassVar[tuple[str, ...]] = ()  # attributes that accumulate over the run (lists, numbers, dicts)
 
     def __init__(self, every_n_steps: int = 50) -> None:
         if int(every_n_steps) < 1:
             raise ValueError(f"{type(self).__name__}.every_n_steps={every_n_steps} is not valid; valid: integer >= 1")
         self.every_n_steps = int(every_n_steps)
         self._due = False
+
+    # -- resume --------------------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {"run_state": {name: _plain(getattr(self, name)) for name in self.run_state}}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        for name, value in state_dict.get("run_state", {}).items():
+            if name in self.run_state:
+                setattr(self, name, value)
 
     # -- interval ------------------------------------------------------------------------------------------------
     def due_at(self, step: int) -> bool:

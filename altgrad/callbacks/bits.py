@@ -31,6 +31,7 @@ class BitsCallback(Instrument):
     """Effective bits, stiffness field and sampled code trajectories of each quantized weight."""
 
     group = "bits"
+    run_state = ("_bits", "_final_bits")
 
     def __init__(self, every_n_steps: int = 50, samples_per_tensor: int = 16, seed: int = 0,
                  histograms: bool = True, csv_path: str | None = None) -> None:

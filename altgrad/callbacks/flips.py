@@ -111,6 +111,7 @@ class FlipCallback(Instrument):
     """Logs ``flips/<layer>/weight/{flip_rate,stall_ratio,oscillation_rate,descent_cos}`` every interval."""
 
     group = "flips"
+    run_state = ("_all_stall", "_all_flip", "_all_osc", "_all_cos", "osc_steps")
 
     def __init__(self, every_n_steps: int = 10, oscillation_momentum: float = 0.01,
                  max_weights_per_tensor: int | None = None, seed: int = 0) -> None:
@@ -125,6 +126,7 @@ class FlipCallback(Instrument):
         self.seed = int(seed)
         self.groups: list[_Group] = []
         self.osc_steps = 0
+        self._restored: dict[str, Any] = {}  # per-layer history from a checkpoint, applied once the groups exist
         self._hooks: list[Any] = []
         self._pending = False
         self.latest: dict[str, dict[str, float]] = {}  # layer → last logged metrics (read by FallbackCallback)
@@ -167,6 +169,9 @@ class FlipCallback(Instrument):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._build_groups(pl_module)
+        restored, self._restored = self._restored, {}
+        if restored:  # a resumed run: each layer's flip history, interval counts and oscillation EMA as saved
+            self._apply_history(restored)
         for opt in trainer.optimizers:
             self._hooks.append(opt.register_step_post_hook(self._after_optimizer_step))
 
@@ -196,14 +201,31 @@ class FlipCallback(Instrument):
             g.intended = None
         self._pending = True
 
+    def _history(self) -> dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """Each layer's flip directions, interval accumulators and oscillation EMA."""
+        history = {}
+        for g in self.groups:
+            for i, m in enumerate(g.members):
+                start = int(g.sizes[:i].sum())
+                history[m.name] = (g.last_direction[start:start + int(g.sizes[i])], g.acc[i], g.osc_ema[i])
+        return history
+
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        state["layers"] = {name: [t.detach().cpu().clone() for t in h] for name, h in self._history().items()}
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        self._restored = dict(state_dict.get("layers", {}))
+
     def _regroup(self, pl_module: L.LightningModule) -> None:
         """Rebuild the groups after a format change, keeping each layer's flip history and accumulators."""
-        old = {m.name: (g, i) for g in self.groups for i, m in enumerate(g.members)}
-        history = {}
-        for name, (g, i) in old.items():
-            start = int(g.sizes[:i].sum())
-            history[name] = (g.last_direction[start:start + int(g.sizes[i])], g.acc[i], g.osc_ema[i])
+        history = self._history()
         self._build_groups(pl_module)
+        self._apply_history(history)
+
+    def _apply_history(self, history: dict[str, Any]) -> None:
         for g in self.groups:
             offset = 0
             for i, m in enumerate(g.members):

@@ -65,6 +65,7 @@ class GradientCallback(Instrument):
     """Per-layer gradient norms and zero-update fractions every interval; shadow-pass fidelity every N steps."""
 
     group = "grads"
+    run_state = ("_cosines", "_snrs", "_zero")
 
     def __init__(self, every_n_steps: int = 10, fidelity_every_n_steps: int = 0, zero_update: bool = True) -> None:
         super().__init__(every_n_steps)

@@ -29,6 +29,7 @@ class RangeClipCallback(Instrument):
     """Clamps weight gradients of quantized layers to their grad format's scaled range and counts the events."""
 
     group = "clip"
+    run_state = ("total",)
 
     def __init__(self, enabled: bool = False, margin: int = 0, every_n_steps: int = 10) -> None:
         super().__init__(every_n_steps)

@@ -33,6 +33,7 @@ class RankCallback(Instrument):
     """Logs ``rank/<layer>/weight/{stable_rank,eff_rank,stable_rank_rel,eff_rank_rel}``."""
 
     group = "rank"
+    run_state = ("_min",)
 
     def __init__(self, every_n_steps: int = 100) -> None:
         super().__init__(every_n_steps)
@@ -76,7 +77,8 @@ class RankCallback(Instrument):
                        min_eff_rank_rel=self._min.get("eff_rank"))
 
     def state_dict(self) -> dict[str, Any]:
-        return {"reference": {k: list(v) for k, v in self.reference.items()}}
+        return {**super().state_dict(), "reference": {k: list(v) for k, v in self.reference.items()}}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
         self.reference = {k: (float(v[0]), float(v[1])) for k, v in state_dict.get("reference", {}).items()}

@@ -21,6 +21,7 @@ class StabilityCallback(Instrument):
     """Logs ``stability/<layer>/<role>/<stat>`` for every stat in STAT_NAMES, and ``.../weight/range_use``."""
 
     group = "stability"
+    run_state = ("_max",)
 
     def __init__(self, every_n_steps: int = 10, range_use: bool = True) -> None:
         super().__init__(every_n_steps)

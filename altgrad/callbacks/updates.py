@@ -40,6 +40,7 @@ class UpdateCallback(Instrument):
     """Per-run update sizes in ULPs, on sampled steps; aggregates in summary.json["diagnostics"]."""
 
     group = "updates"
+    run_state = ("_ratios", "_relative", "_deciles", "steps_sampled")
 
     def __init__(self, every_n_steps: int = 50, max_weights_per_tensor: int | None = 4096, seed: int = 0) -> None:
         super().__init__(every_n_steps)
@@ -110,7 +111,9 @@ class UpdateCallback(Instrument):
         self._hooks = []
         if not self._ratios and not self._relative:
             return
-        aggregates = summarize_updates(torch.cat(self._ratios), torch.cat(self._relative), torch.cat(self._deciles))
+        device = (self._ratios or self._relative)[-1].device  # a resumed run's earlier samples come back on the CPU
+        aggregates = summarize_updates(*(torch.cat([t.to(device) for t in parts])
+                                         for parts in (self._ratios, self._relative, self._deciles)))
         diag = run_summary(pl_module)["diagnostics"]
         diag.update(aggregates)
         diag["update_steps_sampled"] = float(self.steps_sampled)
