@@ -199,7 +199,8 @@ def storage_line(scope: Sequence[Job]) -> str:
             "update that rounds back to the same value is lost).")
 
 
-def _role_format(spec: object) -> str:
+def role_format(spec: object) -> str:
+    """The format name of one role's spec in a run's layer_map.json, or ``unquantized``."""
     fmt = spec.get("format") if isinstance(spec, dict) else None
     name = fmt.get("name") if isinstance(fmt, dict) else None
     return str(name) if name else "unquantized"
@@ -215,7 +216,7 @@ def roles_line(scope: Sequence[Job]) -> str | None:
         for layer in job.layer_map.values():
             if isinstance(layer, dict):
                 for role, names in roles.items():
-                    names.add(_role_format(layer.get(role)))
+                    names.add(role_format(layer.get(role)))
     if not per_format:
         return None
     formats = sorted(per_format, key=lambda f: rank(FORMAT_ORDER, f))

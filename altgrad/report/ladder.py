@@ -23,6 +23,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from altgrad.report.caveats import role_format
 from altgrad.report.load import Job
 from altgrad.report.stats import CORRECTIONS, TTest, student_t_cdf, t_test
 from altgrad.report.study import StudyResult, build_arm
@@ -105,7 +106,8 @@ def what_ran(job: Job) -> str | None:
     layers = job.layer_map
     if not isinstance(layers, dict) or not layers:
         return None
-    tags = [tag for role, tag in ROLES if any(isinstance(v, dict) and v.get(role) for v in layers.values())]
+    tags = [tag for role, tag in ROLES
+            if any(isinstance(v, dict) and role_format(v.get(role)) != "unquantized" for v in layers.values())]
     text = "+".join(tags) or "nothing"
     summary = job.summary or {}
     if summary.get("master") == "none":
