@@ -70,6 +70,12 @@ def to_floats(values: Mapping[str, torch.Tensor | float]) -> dict[str, float]:
     return dict(zip(names, stacked))
 
 
+def rows_to_floats(rows: Sequence[torch.Tensor]) -> list[float]:
+    """The elements of 1-D device tensors, in order, as Python floats (float32 values) in one host transfer."""
+    device = rows[0].device
+    return torch.cat([r.to(device, torch.float32) for r in rows]).cpu().tolist()
+
+
 def finite(values: Iterable[float | None]) -> list[float]:
     """The finite values (drops None, NaN and ±inf)."""
     return [v for v in values if v is not None and math.isfinite(v)]

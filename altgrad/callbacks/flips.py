@@ -57,11 +57,11 @@ class _Tracked:
         return flat if self.index is None else torch.index_select(flat, 0, self.index)
 
     def one_scale(self) -> torch.Tensor | None:
-        """The single scale of this step's forward as a 1-element float32 tensor, or None for many scales."""
+        """The single scale of this step's forward as a 0-dim tensor (the scaler's own buffer), or None for many."""
         s = kept_scale(self.layer.weight_q)
         if s is None or s.numel() != 1:
             return None
-        return s.detach().reshape(1).float()
+        return s if s.dim() == 0 else s.reshape(())
 
     def scale(self, w: torch.Tensor) -> torch.Tensor:
         """The scale of this step's forward for each tracked weight (kept by the scaler for one-scale kinds)."""
@@ -87,23 +87,30 @@ class _Group:
     last_direction: torch.Tensor  # int8: −1/0/+1, direction of each tracked weight's last flip
     acc: torch.Tensor             # (tensors, 5): flips, updated, reversals, descent_cos sum, steps
     osc_ema: torch.Tensor         # (tensors,)
-    counts: torch.Tensor          # int64: tracked weights per tensor
     before: torch.Tensor | None = None
     scale: torch.Tensor | None = None
     intended: torch.Tensor | None = None
     after: torch.Tensor | None = None  # the tracked weights read after the last step: the next step's "before"
+    stepped: torch.Tensor | None = None  # the tracked weights read right after the optimizer step ...
+    stepped_key: tuple | None = None     # ... and their weights' (version counter, storage) then
     spec_key: Any = field(default=None)
 
     def gather(self) -> torch.Tensor:
         return torch.cat([m.select(m.layer.weight.detach()) for m in self.members])
+
+    def weights_key(self) -> tuple:
+        """What changes when a weight is written in place (its version counter) or replaced (its storage)."""
+        return tuple((m.layer.weight._version, m.layer.weight.data_ptr()) for m in self.members)
 
     def scales(self) -> torch.Tensor:
         """Each tracked weight's scale: one scale per tensor spread over its weights in one op (the common case),
         else tensor by tensor (channel and block scaling)."""
         ones = [m.one_scale() for m in self.members]
         if all(s is not None for s in ones):
-            per_tensor = torch.cat(ones).to(self.sizes.device)
-            return torch.repeat_interleave(per_tensor, self.counts)
+            per_tensor = torch.stack(ones).to(self.sizes.device, torch.float32)  # one op for every tensor's scale
+            # each weight's tensor number picks its scale: repeat_interleave(per_tensor, sizes)'s values,
+            # without the output size it needs from the device (a host sync per step on a GPU)
+            return torch.index_select(per_tensor, 0, self.segments)
         return torch.cat([m.scale(m.layer.weight.detach()) for m in self.members])
 
 
@@ -162,7 +169,7 @@ class FlipCallback(Instrument):
                 members=members, spec_key=key,
                 segments=torch.repeat_interleave(torch.arange(n, device=device), sizes),
                 starts=torch.cat([sizes.new_zeros(1), sizes.cumsum(0)]).cpu(),
-                sizes=sizes.float(), counts=sizes,
+                sizes=sizes.float(),
                 last_direction=torch.zeros(int(sizes.sum()), dtype=torch.int8, device=device),
                 acc=torch.zeros(n, 5, dtype=torch.float32, device=device),
                 osc_ema=torch.zeros(n, dtype=torch.float32, device=device)))
@@ -198,7 +205,7 @@ class FlipCallback(Instrument):
             g.before = g.after if g.after is not None else g.gather()
             g.after = None
             g.scale = g.scales()
-            g.intended = None
+            g.intended = g.stepped = g.stepped_key = None
         self._pending = True
 
     def _history(self) -> dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
@@ -241,7 +248,8 @@ class FlipCallback(Instrument):
             return
         for g in self.groups:
             if g.before is not None and g.intended is None:
-                g.intended = g.gather() - g.before
+                g.stepped, g.stepped_key = g.gather(), g.weights_key()
+                g.intended = g.stepped - g.before
 
     @torch.no_grad()
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
@@ -252,7 +260,10 @@ class FlipCallback(Instrument):
         for g in self.groups:
             if g.before is None:
                 continue
-            after = g.gather()
+            # the weights as read after the optimizer step, unless something wrote them since (the storage policy)
+            unchanged = g.stepped is not None and g.stepped_key == g.weights_key()
+            after = g.stepped if unchanged else g.gather()
+            g.stepped = g.stepped_key = None
             intended = g.intended if g.intended is not None else after - g.before  # no post-hook ran
             fmt, overflow, _ = g.spec_key
             kernel = g.members[0].layer.weight_q.call_kernel  # the road quant.kernel resolved for these weights

@@ -12,7 +12,8 @@ from typing import Any
 import lightning as L
 import torch
 
-from altgrad.callbacks.base import Instrument, backbone, metric_name, quantized_weights, quantizer_roles, to_floats
+from altgrad.callbacks.base import (Instrument, backbone, metric_name, quantized_weights, quantizer_roles,
+                                    rows_to_floats)
 from altgrad.diagnostics import range_use
 from altgrad.quant import STAT_NAMES
 
@@ -37,17 +38,20 @@ class StabilityCallback(Instrument):
         if not self._due:
             return
         model = backbone(pl_module)
-        values: dict[str, torch.Tensor] = {}
+        # every value of every role in one host transfer: a row per quantizer (its stats buffer, STAT_NAMES order)
+        # and one per weight's range use (a few hundred device tensors a step on a GPU model otherwise)
+        names: list[str] = []
+        rows: list[torch.Tensor] = []
         for layer, role, q in quantizer_roles(model):
-            for stat, v in zip(STAT_NAMES, q.stats.unbind()):
-                values[metric_name(self.group, layer, role, stat)] = v
+            names.extend(metric_name(self.group, layer, role, stat) for stat in STAT_NAMES)
+            rows.append(q.stats.detach().reshape(-1))
         if self.range_use:
             for layer, ql in quantized_weights(model):
-                values[metric_name(self.group, layer, "weight", "range_use")] = range_use(
-                    ql.weight, ql.weight_q.spec.format)
-        if not values:
+                names.append(metric_name(self.group, layer, "weight", "range_use"))
+                rows.append(range_use(ql.weight, ql.weight_q.spec.format).reshape(1))
+        if not names:
             return
-        metrics = to_floats(values)
+        metrics = dict(zip(names, rows_to_floats(rows), strict=True))
         self.log_scalars(trainer, metrics)
         for name, v in metrics.items():
             stat = name.rsplit("/", 1)[1]

@@ -18,9 +18,9 @@ def range_use(x: torch.Tensor, fmt) -> torch.Tensor:
     Scale-free (a per-tensor scale shifts both ends alike); 0 when x has at most one distinct nonzero magnitude;
     above 1 when the tensor spans more octaves than the format can hold. Non-finite elements are ignored.
     """
-    a = x.detach().float().abs().reshape(-1)
-    a = torch.where(torch.isfinite(a), a, torch.zeros_like(a))
+    # few kernels: it runs per weight tensor on every logging step (a launch each on a GPU)
+    a = torch.nan_to_num(x.detach().float().abs().reshape(-1), nan=0.0, posinf=0.0)  # non-finite → 0: ignored
     amax = a.max()
-    amin = torch.where(a > 0, a, torch.full_like(a, float("inf"))).min()
-    octaves = torch.where(amax > 0, torch.log2(amax / amin), torch.zeros_like(amax))
+    amin = a.masked_fill(a == 0, float("inf")).min()
+    octaves = torch.where(amax > 0, torch.log2(amax / amin), 0.0)
     return octaves / format_octaves(fmt)

@@ -119,6 +119,48 @@ def test_an_update_flips_exactly_these_codes():
     cb.on_train_end(trainer, module)
 
 
+def test_flips_see_a_write_between_the_optimizer_step_and_the_batch_end(monkeypatch):
+    """The weights read after the optimizer step are reused at the batch end only while no one wrote them since
+    (a storage projection writes in place: its version counter moves); then they are read again."""
+    module, fc = one_layer(weight=unscaled("e0m7"), shape=(1, 4))
+    q = 2.0**-7
+    w0 = torch.tensor([[0.0, 10 * q, 20 * q, 30 * q]])
+    with torch.no_grad():
+        fc.weight.copy_(w0)
+    opt = torch.optim.SGD([fc.weight], lr=1.0)
+    logger = RecordingLogger()
+    trainer = fake_trainer(logger, optimizers=[opt])
+    cb = FlipCallback(every_n_steps=1, oscillation_momentum=1.0)
+    cb.on_train_start(trainer, module)
+    reads = []
+    gather = type(cb.groups[0]).gather
+    monkeypatch.setattr(type(cb.groups[0]), "gather", lambda g: reads.append(1) or gather(g))
+
+    fc.weight.grad = -torch.tensor([[0.7, 0.7, 0.0, 0.0]]) * q  # two codes flip up
+    run_step([cb], trainer, module, opt)
+    assert logger.last()["flips/fc/weight/flip_rate"] == pytest.approx(2 / 4)
+    assert len(reads) == 2  # the first "before", then one read after the step, reused at the batch end
+
+    class Projection:  # a storage policy's place in the hook order: after the step, before FlipCallback's batch end
+        def __getattr__(self, name):
+            return lambda *a, **k: None
+
+        def on_train_batch_end(self, *a, **k):
+            with torch.no_grad():
+                fc.weight.copy_(w0)  # back onto the starting codes
+
+    reads.clear()
+    fc.weight.grad = -torch.tensor([[0.0, 0.0, 0.7, 0.7]]) * q
+    run_step([Projection(), cb], trainer, module, opt)
+    got = logger.last()
+    # against the written weights: the first two codes flipped back (reversals), the other two never changed
+    assert got["flips/fc/weight/flip_rate"] == pytest.approx(2 / 4)
+    assert got["flips/fc/weight/oscillation_rate"] == pytest.approx(2 / 4)
+    assert len(reads) == 2  # read after the step, and again after the write
+    assert torch.equal(cb.groups[0].after, w0.reshape(-1))
+    cb.on_train_end(trainer, module)
+
+
 def test_an_oscillating_weight_is_counted_every_step():
     module, fc = one_layer(weight=unscaled("e0m7"), shape=(1, 2))
     q = 2.0**-7

@@ -153,6 +153,35 @@ def test_range_use_counts_octaves():
     assert range_use(torch.zeros(4), fmt).item() == 0.0
 
 
+def _range_use_by_masks(x: torch.Tensor, octaves_of_format: float) -> torch.Tensor:
+    """The definition with explicit masks (float32 throughout, as range_use computes it)."""
+    a = x.detach().float().abs().reshape(-1)
+    a = torch.where(torch.isfinite(a), a, torch.zeros_like(a))
+    amax = a.max()
+    amin = torch.where(a > 0, a, torch.full_like(a, float("inf"))).min()
+    return torch.where(amax > 0, torch.log2(amax / amin), torch.zeros_like(amax)) / octaves_of_format
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_range_use_matches_its_definition(seed):
+    """Bit for bit the masked definition, and within float32 rounding of log2(max |x| / min nonzero |x|) over the
+    finite elements in float64; with infinities, NaNs, zeros and bf16 inputs among them."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(257, generator=g) * torch.exp2(torch.randint(-30, 30, (257,), generator=g).float())
+    picks = torch.randint(0, 257, (12,), generator=g)
+    x[picks[:3]], x[picks[3:6]], x[picks[6:9]], x[picks[9:]] = 0.0, float("inf"), float("-inf"), float("nan")
+    fmt = get_format(("e4m3", "e5m2", "e3m4", "e7m0")[seed % 4])
+    octaves_of_format = math.log2(fmt.max / fmt.min_subnormal)
+    for t in (x, x.bfloat16(), x[picks[:3]], torch.full((3,), float("nan"))):
+        got = range_use(t, fmt)
+        assert got.dtype == torch.float32 and got.shape == ()
+        assert got.item() == _range_use_by_masks(t, octaves_of_format).item()
+        a = [abs(v) for v in t.float().tolist() if math.isfinite(v)]
+        nonzero = [v for v in a if v > 0]
+        want = (math.log2(max(a) / min(nonzero)) if nonzero else 0.0) / octaves_of_format
+        assert got.item() == pytest.approx(want, rel=1e-6, abs=1e-7)
+
+
 def test_range_clip_clips_exactly_the_values_outside():
     g = torch.tensor([0.5, -3.0, 2.0, 7.0, -0.1])
     n = clip_to_range_(g, 2.0)
