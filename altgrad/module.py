@@ -7,9 +7,11 @@ The backbone lives at `self.model` (a `GPT`); quantization callbacks swap its Li
 
 from __future__ import annotations
 
+import gc
 import math
 import os
 import random
+import statistics
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -42,7 +44,9 @@ def process_start_unix() -> float | None:
 class JobClock:
     """Where a job's time goes, in wall seconds: start-up (process start → fit start), warm-up (process start →
     first optimizer step done), the first step alone (compiles), steps, validation, and fit end; plus the steady
-    throughput over the second half of the steps (after the compiles and the first intervals' one-off work).
+    throughput over the second half of the steps (after the compiles and the first intervals' one-off work), how
+    those steps' times spread (a mean moved by a few slow steps, or every step slower), and the time Python's
+    garbage collector paused the process during fit.
 
     Unix times from the process's own clock, so a bench can add what it sees outside (its launch, the exit)."""
 
@@ -54,6 +58,26 @@ class JobClock:
         self.validation_seconds = 0.0
         self.steps: list[tuple[float, int]] = []  # (seconds, tokens) of every step of this process
         self.validation_started: float | None = None
+        self.gc_seconds = 0.0
+        self.gc_collections = [0, 0, 0]  # per generation
+        self._gc_started: float | None = None
+
+    def gc_phase(self, phase: str, info: Mapping[str, Any]) -> None:
+        """A ``gc.callbacks`` entry: adds each collection's pause to ``gc_seconds``."""
+        if phase == "start":
+            self._gc_started = time.perf_counter()
+        elif self._gc_started is not None:
+            self.gc_seconds += time.perf_counter() - self._gc_started
+            self.gc_collections[int(info.get("generation", 0))] += 1
+            self._gc_started = None
+
+    def steady_step_seconds(self) -> dict[str, float] | None:
+        """Median, 90th percentile and maximum of the second half's step times (None with fewer than 2 steps)."""
+        if len(self.steps) < 2:
+            return None
+        half = sorted(s for s, _ in self.steps[len(self.steps) // 2:])
+        return {"median": statistics.median(half), "p90": half[min(len(half) - 1, math.ceil(0.9 * len(half)) - 1)],
+                "max": half[-1]}
 
     def steady_tokens_per_second(self) -> float | None:
         """Tokens / seconds over the second half of this process's steps (None with fewer than 2 steps)."""
@@ -75,7 +99,9 @@ class JobClock:
                 "steps_seconds": sum(s for s, _ in self.steps),
                 "validation_seconds": self.validation_seconds,
                 "fit_end_seconds": since_start(fit_end),
-                "steady_tokens_per_second": self.steady_tokens_per_second()}
+                "steady_tokens_per_second": self.steady_tokens_per_second(),
+                "steady_step_seconds": self.steady_step_seconds(),
+                "gc_seconds": self.gc_seconds, "gc_collections": list(self.gc_collections)}
 
 
 class WarmupCosine:
@@ -156,6 +182,9 @@ class AltGradModule(L.LightningModule):
 
     def on_fit_start(self) -> None:
         self.job_clock.fit_start = time.time()
+        # one clock listens at a time (a fit that raised never reached on_fit_end to remove its own)
+        gc.callbacks[:] = [c for c in gc.callbacks if not isinstance(getattr(c, "__self__", None), JobClock)]
+        gc.callbacks.append(self.job_clock.gc_phase)
 
     def on_train_start(self) -> None:
         self._restore_rng()
@@ -186,6 +215,8 @@ class AltGradModule(L.LightningModule):
             self.run_summary["mfu"] = self.model.estimate_mfu(tps, self.peak_flops)
 
     def on_fit_end(self) -> None:
+        if self.job_clock.gc_phase in gc.callbacks:
+            gc.callbacks.remove(self.job_clock.gc_phase)
         timing = self.job_clock.summary(fit_end=time.time())
         self.run_summary["timing"] = timing
         steady = timing["steady_tokens_per_second"]

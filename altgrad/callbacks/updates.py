@@ -93,16 +93,24 @@ class UpdateCallback(Instrument):
         if not self._pending:
             return
         self._pending = False
+        ratios, moved, relative, nonzero, deciles = [], [], [], [], []
         for t in self.tracked:
             if t.before is None:
                 continue
             before, delta = t.before, t.select(t.layer.weight).float() - t.before
-            moved = delta != 0
-            self._ratios.append(ulp_ratio(delta, before, t.layer.weight_q.spec.format, t.scale)[moved])
-            nonzero = before != 0
-            self._relative.append((delta.abs() / before.abs())[nonzero])
-            self._deciles.append(decile_index(before.abs())[nonzero].to(torch.int8))
+            moved.append(delta != 0)
+            ratios.append(ulp_ratio(delta, before, t.layer.weight_q.spec.format, t.scale))
+            nonzero.append(before != 0)
+            relative.append(delta.abs() / before.abs())
+            deciles.append(decile_index(before.abs()).to(torch.int8))
             t.before = t.scale = None
+        if ratios:
+            # one boolean index per quantity for the whole model (each one waits for the device): the same elements
+            # in the same order as masking tensor by tensor
+            moved_all, nonzero_all = torch.cat(moved), torch.cat(nonzero)
+            self._ratios.append(torch.cat(ratios)[moved_all])
+            self._relative.append(torch.cat(relative)[nonzero_all])
+            self._deciles.append(torch.cat(deciles)[nonzero_all])
         self.steps_sampled += 1
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

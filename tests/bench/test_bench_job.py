@@ -35,6 +35,25 @@ def test_steady_throughput_is_the_second_half_of_the_steps() -> None:
     assert clock.steady_tokens_per_second() == 128 / 0.5
 
 
+def test_steady_step_times_and_garbage_collection_pauses() -> None:
+    clock = JobClock()
+    clock.steps = [(9.0, 64)] * 10 + [(0.1, 64)] * 8 + [(0.5, 64), (2.0, 64)]  # second half: 8 × 0.1, 0.5, 2.0
+    assert clock.steady_step_seconds() == {"median": 0.1, "p90": 0.5, "max": 2.0}
+    clock.steps = [(1.0, 64)]
+    assert clock.steady_step_seconds() is None
+    clock.gc_phase("start", {"generation": 2})
+    time.sleep(0.01)
+    clock.gc_phase("stop", {"generation": 2})
+    assert clock.gc_seconds >= 0.01 and clock.gc_collections == [0, 0, 1]
+    import gc
+    gc.callbacks.append(clock.gc_phase)
+    try:
+        gc.collect(0)
+    finally:
+        gc.callbacks.remove(clock.gc_phase)
+    assert clock.gc_collections == [1, 0, 1]
+
+
 def test_timing_summary_counts_from_the_process_start() -> None:
     clock = JobClock()
     start = clock.process_start

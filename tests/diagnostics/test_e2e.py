@@ -151,3 +151,6 @@ def test_the_pytorch_profiler_records_mid_run_steps_and_the_run_completes(tmp_pa
     assert s["status"] == "completed" and s["final_val_step"] == 45 and s["sample"]
     steady = s["timing"]["steady_tokens_per_second"]
     assert s["steady_mfu"] == pytest.approx(s["mfu"] * steady / s["tokens_per_second"], rel=1e-9)
+    spread, timing = s["timing"]["steady_step_seconds"], s["timing"]
+    assert 0 < spread["median"] <= spread["p90"] <= spread["max"] <= timing["steps_seconds"]
+    assert 0 <= timing["gc_seconds"] < timing["fit_end_seconds"] and len(timing["gc_collections"]) == 3
