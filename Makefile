@@ -21,6 +21,7 @@ EVIDENCE_BUDGET ?= 540
 GPU_JOBS ?= fp32,e4m3,e4m3 callbacks=none
 # dense bf16 FLOP/s of an H100 / H200 SXM, for the steady MFU (trainer=gpu's own default is an A100's)
 GPU_PEAK ?= 9.89e14
+PROFILE_DIR ?= outputs/profile-gpu-job/$(shell date +%Y%m%d-%H%M%S)
 
 .DEFAULT_GOAL := help
 .PHONY: install train test test-slow test-gpu bench-gpu bench-gpu-job profile-gpu-job sweep report bench study evidence-gpu-data evidence-gpu lint clean help
@@ -56,9 +57,13 @@ bench-gpu-job: ## on a CUDA machine: the job bench on model=gpt_50m trainer=gpu 
 	  --set trainer=gpu --set model=gpt_50m --set trainer.peak_flops=$(GPU_PEAK) --no-calls \
 	  --markdown docs/benchmarks/job_gpu.md $(ARGS)
 
-profile-gpu-job: ## on a CUDA machine: where a quantized bf16 step's time goes (torch.profiler, 20 steps mid-run)
-	python3 -m altgrad.train trainer=gpu model=gpt_50m format=e4m3 logger=csv trainer.max_steps=300 \
-	  trainer.profiler=pytorch trainer.peak_flops=$(GPU_PEAK) hydra.run.dir=outputs/profile-gpu-job $(ARGS)
+profile-gpu-job: ## on a CUDA machine: where a step's time goes, bf16 vs e4m3 without and with diagnostics (step profile)
+	for job in "bf16:format=fp32" "e4m3_no_diagnostics:format=e4m3 callbacks=none" "e4m3:format=e4m3"; do \
+	  python3 -m altgrad.train trainer=gpu model=gpt_50m $${job#*:} logger=csv trainer.max_steps=300 \
+	    trainer.val_check_interval=300 trainer.initial_validation=false trainer.sample_tokens=0 \
+	    trainer.peak_flops=$(GPU_PEAK) +callbacks.step_profile._target_=altgrad.bench.step_profile.StepProfile \
+	    +callbacks.step_profile.start=100 hydra.run.dir=$(PROFILE_DIR)/$${job%%:*} $(ARGS) || exit 1; \
+	done
 
 sweep: $(STAMP) ## multirun an experiment: make sweep EXP=seeds ARGS='trainer.max_steps=100'
 	$(BIN)/python -m altgrad.train -m experiment=$(EXP) $(ARGS)

@@ -154,3 +154,31 @@ def test_the_pytorch_profiler_records_mid_run_steps_and_the_run_completes(tmp_pa
     spread, timing = s["timing"]["steady_step_seconds"], s["timing"]
     assert 0 < spread["median"] <= spread["p90"] <= spread["max"] <= timing["steps_seconds"]
     assert 0 <= timing["gc_seconds"] < timing["fit_end_seconds"] and len(timing["gc_collections"]) == 3
+
+
+def test_the_step_profile_times_every_hook_over_its_window(tmp_path, cache):
+    """bench.step_profile.StepProfile as a run adds it: steps [5, 9) profiled through the real entry point, every
+    overriding hook a range with one call a step, per-step counts written; a window the run ends inside keeps what
+    it profiled (steps 10 and 11 of a 12-step run)."""
+    cb = "+callbacks.step_profile"
+    run_dir = tmp_path / "step-profile"
+    proc = run_train(run_dir, cache, "format=e4m3", "logger=csv", "trainer.max_steps=12", "trainer.sample_tokens=0",
+                     f"{cb}._target_=altgrad.bench.step_profile.StepProfile", f"{cb}.start=5", f"{cb}.steps=4")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads((run_dir / "step-profile" / "step-profile.json").read_text())
+    assert got["steps"] == 4 and got["wall_ms_per_step"] > 0
+    assert set(got["per_step"]) >= {"cudaStreamSynchronize", "aten::_local_scalar_dense"}
+    hooks = got["hooks"]
+    for name in ("hook:FlipCallback.on_train_batch_end", "hook:FlipCallback.on_before_optimizer_step",
+                 "hook:module.training_step (forward)", "hook:strategy.backward"):
+        assert hooks[name]["calls_per_step"] == 1.0 and hooks[name]["host_ms_per_step"] > 0, name
+    forward_and_backward = (hooks["hook:module.training_step (forward)"]["host_ms_per_step"]
+                            + hooks["hook:strategy.backward"]["host_ms_per_step"])
+    assert forward_and_backward < got["wall_ms_per_step"]
+    assert "hook:FlipCallback.on_train_batch_end" in (run_dir / "step-profile" / "hooks.txt").read_text()
+    assert (run_dir / "step-profile" / "host_ops.txt").is_file()
+    ended = tmp_path / "ended-inside"
+    proc = run_train(ended, cache, "format=e4m3", "logger=csv", "trainer.max_steps=12", "trainer.sample_tokens=0",
+                     f"{cb}._target_=altgrad.bench.step_profile.StepProfile", f"{cb}.start=10", f"{cb}.steps=50")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads((ended / "step-profile" / "step-profile.json").read_text())["steps"] == 2
