@@ -61,6 +61,20 @@ class JobClock:
         self.gc_seconds = 0.0
         self.gc_collections = [0, 0, 0]  # per generation
         self._gc_started: float | None = None
+        self.step_gc: list[float] = []  # GC seconds within each step of ``steps`` (where recorded by ``step_done``)
+        self._gc_at_step = 0.0
+
+    def step_done(self, seconds: float, tokens: int) -> None:
+        """Record a step: its wall seconds, its tokens, and the GC pauses since the previous one."""
+        self.steps.append((seconds, tokens))
+        self.step_gc.append(self.gc_seconds - self._gc_at_step)
+        self._gc_at_step = self.gc_seconds
+
+    def steady_gc_seconds(self) -> float | None:
+        """GC pauses within the second half's steps (None where steps were not recorded with ``step_done``)."""
+        if len(self.step_gc) != len(self.steps) or len(self.steps) < 2:
+            return None
+        return sum(self.step_gc[len(self.steps) // 2:])
 
     def gc_phase(self, phase: str, info: Mapping[str, Any]) -> None:
         """A ``gc.callbacks`` entry: adds each collection's pause to ``gc_seconds``."""
@@ -101,7 +115,8 @@ class JobClock:
                 "fit_end_seconds": since_start(fit_end),
                 "steady_tokens_per_second": self.steady_tokens_per_second(),
                 "steady_step_seconds": self.steady_step_seconds(),
-                "gc_seconds": self.gc_seconds, "gc_collections": list(self.gc_collections)}
+                "gc_seconds": self.gc_seconds, "gc_collections": list(self.gc_collections),
+                "steady_gc_seconds": self.steady_gc_seconds()}
 
 
 class WarmupCosine:
@@ -200,7 +215,7 @@ class AltGradModule(L.LightningModule):
             clock = self.job_clock
             if clock.first_step_done is None:
                 clock.first_step_done, clock.first_step_seconds = time.time(), dt
-            clock.steps.append((dt, tokens))
+            clock.step_done(dt, tokens)
             if self._logs_now():
                 self.log("train/tokens_per_s", tokens / dt, prog_bar=True)
                 if self.peak_flops:

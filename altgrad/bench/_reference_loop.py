@@ -82,7 +82,7 @@ def run(cfg: Any) -> dict[str, Any]:
         dt = time.perf_counter() - started
         if clock.first_step_done is None:
             clock.first_step_done, clock.first_step_seconds = time.time(), dt
-        clock.steps.append((dt, x.numel()))
+        clock.step_done(dt, x.numel())
         if (step + 1) % int(t.log_every_n_steps) == 0:
             loss_value = loss.item()  # what a logger would read
         if (step + 1) % int(t.val_check_interval) == 0 and step + 1 < int(t.max_steps):

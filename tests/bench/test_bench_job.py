@@ -52,6 +52,12 @@ def test_steady_step_times_and_garbage_collection_pauses() -> None:
     finally:
         gc.callbacks.remove(clock.gc_phase)
     assert clock.gc_collections == [1, 0, 1]
+    steady = JobClock()
+    for gc_pause in (0.5, 0.0, 0.25, 0.125):  # GC seconds that fell within each of four steps
+        steady.gc_seconds += gc_pause
+        steady.step_done(1.0, 64)
+    assert steady.step_gc == [0.5, 0.0, 0.25, 0.125] and steady.steady_gc_seconds() == 0.375
+    assert steady.summary(fit_end=time.time())["steady_gc_seconds"] == 0.375
 
 
 def test_timing_summary_counts_from_the_process_start() -> None:

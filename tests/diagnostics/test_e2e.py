@@ -154,6 +154,7 @@ def test_the_pytorch_profiler_records_mid_run_steps_and_the_run_completes(tmp_pa
     spread, timing = s["timing"]["steady_step_seconds"], s["timing"]
     assert 0 < spread["median"] <= spread["p90"] <= spread["max"] <= timing["steps_seconds"]
     assert 0 <= timing["gc_seconds"] < timing["fit_end_seconds"] and len(timing["gc_collections"]) == 3
+    assert 0 <= timing["steady_gc_seconds"] <= timing["gc_seconds"]
 
 
 def test_the_step_profile_times_every_hook_over_its_window(tmp_path, cache):
