@@ -260,7 +260,8 @@ class FlipCallback(Instrument):
         for g in self.groups:
             if g.before is None:
                 continue
-            # the weights as read after the optimizer step, unless something wrote them since (the storage policy)
+            # the weights as read after the optimizer step, unless something wrote them since (the storage policy);
+            # a write through ``.data`` keeps the version counter and goes unseen: nothing here writes that way
             unchanged = g.stepped is not None and g.stepped_key == g.weights_key()
             after = g.stepped if unchanged else g.gather()
             g.stepped = g.stepped_key = None
