@@ -33,8 +33,10 @@ COUNTED = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchroni
 """Per-step counts: host waits for the device (syncs, a scalar read, a data-dependent size) and copies."""
 
 
-def _ranged(obj: Any, name: str, label: str) -> None:
-    """Wrap ``obj.name`` (a bound method) in a record_function range called ``label``."""
+def _ranged(obj: Any, name: str, label: str) -> tuple[Any, str, Any]:
+    """Wrap ``obj.name`` (a bound method) in a record_function range called ``label``; returns what ``_unranged``
+    needs to undo it."""
+    before = obj.__dict__.get(name)
     method = getattr(obj, name)
 
     @functools.wraps(method)
@@ -43,6 +45,14 @@ def _ranged(obj: Any, name: str, label: str) -> None:
             return method(*args, **kwargs)
 
     setattr(obj, name, wrapped)
+    return obj, name, before
+
+
+def _unranged(obj: Any, name: str, before: Any) -> None:
+    if before is None:
+        delattr(obj, name)  # the class's method again
+    else:
+        setattr(obj, name, before)
 
 
 class StepProfile(L.Callback):
@@ -55,6 +65,7 @@ class StepProfile(L.Callback):
         self.start, self.steps, self.out = int(start), int(steps), out
         self._prof: profile | None = None
         self._t0 = 0.0
+        self._wrapped: list[tuple[Any, str, Any]] = []
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         for cb in trainer.callbacks:
@@ -62,10 +73,10 @@ class StepProfile(L.Callback):
                 continue
             for hook in HOOKS:  # the hooks a callback class overrides (Callback's own are empty)
                 if any(hook in c.__dict__ for c in type(cb).__mro__ if c not in (L.Callback, object)):
-                    _ranged(cb, hook, f"hook:{type(cb).__name__}.{hook}")
-        _ranged(pl_module, "training_step", "hook:module.training_step (forward)")
-        _ranged(pl_module, "configure_gradient_clipping", "hook:module.configure_gradient_clipping")
-        _ranged(trainer.strategy, "backward", "hook:strategy.backward")
+                    self._wrapped.append(_ranged(cb, hook, f"hook:{type(cb).__name__}.{hook}"))
+        self._wrapped += [_ranged(pl_module, "training_step", "hook:module.training_step (forward)"),
+                          _ranged(pl_module, "configure_gradient_clipping", "hook:module.configure_gradient_clipping"),
+                          _ranged(trainer.strategy, "backward", "hook:strategy.backward")]
 
     @staticmethod
     def _sync() -> None:
@@ -93,6 +104,9 @@ class StepProfile(L.Callback):
         wall = time.perf_counter() - self._t0
         prof, self._prof = self._prof, None
         prof.__exit__(None, None, None)
+        for wrapped in reversed(self._wrapped):  # the rest of the run without the ranges
+            _unranged(*wrapped)
+        self._wrapped = []
         steps = max(trainer.global_step - self.start, 1)
         out = self.out or os.path.join(trainer.default_root_dir, "step-profile")
         os.makedirs(out, exist_ok=True)
