@@ -57,17 +57,14 @@ def run_summary(pl_module: L.LightningModule) -> dict[str, Any]:
 
 
 def to_floats(values: Mapping[str, torch.Tensor | float]) -> dict[str, float]:
-    """Device scalars → Python floats in one host transfer."""
-    names = list(values)
+    """Device scalars (and Python numbers) → Python floats in one host transfer."""
     tensors = [v for v in values.values() if isinstance(v, torch.Tensor)]
     if not tensors:
         return {k: float(v) for k, v in values.items()}
     device = tensors[0].device
-    stacked = torch.stack([
-        v.detach().float().reshape(()).to(device) if isinstance(v, torch.Tensor)
-        else torch.tensor(float(v), device=device) for v in values.values()
-    ]).cpu().tolist()
-    return dict(zip(names, stacked))
+    rows = [v.detach().reshape(1) if isinstance(v, torch.Tensor) else torch.tensor([float(v)], device=device)
+            for v in values.values()]
+    return dict(zip(values, rows_to_floats(rows), strict=True))
 
 
 def rows_to_floats(rows: Sequence[torch.Tensor]) -> list[float]:

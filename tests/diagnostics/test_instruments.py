@@ -54,6 +54,20 @@ def run_step(cbs, trainer, module, optimizer, batch=None):
         cb.on_train_batch_end(trainer, module, None, batch, 0)
 
 
+def flip_rig(w0: torch.Tensor, momentum: float):
+    """One e0m7 layer (grid spacing 2^-7) holding ``w0``, plain SGD at lr 1 (the step is −grad), and a FlipCallback
+    logging every step: (module, layer, optimizer, logger, trainer, callback)."""
+    module, fc = one_layer(weight=unscaled("e0m7"), shape=tuple(w0.shape))
+    with torch.no_grad():
+        fc.weight.copy_(w0)
+    opt = torch.optim.SGD([fc.weight], lr=1.0)
+    logger = RecordingLogger()
+    trainer = fake_trainer(logger, optimizers=[opt])
+    cb = FlipCallback(every_n_steps=1, oscillation_momentum=momentum)
+    cb.on_train_start(trainer, module)
+    return module, fc, opt, logger, trainer, cb
+
+
 # -- stability -----------------------------------------------------------------------------------------------------
 def test_stability_reports_exactly_k_saturating_values():
     module, fc = one_layer(weight=None, input=unscaled("e4m3"))
@@ -89,18 +103,11 @@ def test_stability_range_use_of_a_weight():
 # -- flips ---------------------------------------------------------------------------------------------------------
 def test_an_update_flips_exactly_these_codes():
     # e0m7 without scaling: a uniform grid of spacing 2^-7 on [-127/128, 127/128]
-    module, fc = one_layer(weight=unscaled("e0m7"), shape=(2, 4))
     q = 2.0**-7
     w0 = torch.tensor([[0.0, 10 * q, 20 * q, 30 * q], [-5 * q, 5 * q, 0.5, -0.5]])
     step = torch.tensor([[0.7, 0.2, -0.6, 0.0], [1.6, -0.3, 0.0, 0.0]]) * q  # flips: (0,0) (0,2) (1,0)
-    with torch.no_grad():
-        fc.weight.copy_(w0)
+    module, fc, opt, logger, trainer, cb = flip_rig(w0, momentum=1.0)
     fc.weight.grad = -step.clone()
-    opt = torch.optim.SGD([fc.weight], lr=1.0)
-    logger = RecordingLogger()
-    trainer = fake_trainer(logger, optimizers=[opt])
-    cb = FlipCallback(every_n_steps=1, oscillation_momentum=1.0)
-    cb.on_train_start(trainer, module)
     run_step([cb], trainer, module, opt)
     got = logger.last()
     assert got["flips/fc/weight/flip_rate"] == pytest.approx(3 / 8)
@@ -122,16 +129,9 @@ def test_an_update_flips_exactly_these_codes():
 def test_flips_see_a_write_between_the_optimizer_step_and_the_batch_end(monkeypatch):
     """The weights read after the optimizer step are reused at the batch end only while no one wrote them since
     (a storage projection writes in place: its version counter moves); then they are read again."""
-    module, fc = one_layer(weight=unscaled("e0m7"), shape=(1, 4))
     q = 2.0**-7
     w0 = torch.tensor([[0.0, 10 * q, 20 * q, 30 * q]])
-    with torch.no_grad():
-        fc.weight.copy_(w0)
-    opt = torch.optim.SGD([fc.weight], lr=1.0)
-    logger = RecordingLogger()
-    trainer = fake_trainer(logger, optimizers=[opt])
-    cb = FlipCallback(every_n_steps=1, oscillation_momentum=1.0)
-    cb.on_train_start(trainer, module)
+    module, fc, opt, logger, trainer, cb = flip_rig(w0, momentum=1.0)
     reads = []
     gather = type(cb.groups[0]).gather
     monkeypatch.setattr(type(cb.groups[0]), "gather", lambda g: reads.append(1) or gather(g))
@@ -162,15 +162,8 @@ def test_flips_see_a_write_between_the_optimizer_step_and_the_batch_end(monkeypa
 
 
 def test_an_oscillating_weight_is_counted_every_step():
-    module, fc = one_layer(weight=unscaled("e0m7"), shape=(1, 2))
     q = 2.0**-7
-    with torch.no_grad():
-        fc.weight.copy_(torch.tensor([[0.0, 0.0]]))
-    opt = torch.optim.SGD([fc.weight], lr=1.0)
-    logger = RecordingLogger()
-    trainer = fake_trainer(logger, optimizers=[opt])
-    cb = FlipCallback(every_n_steps=1, oscillation_momentum=0.5)
-    cb.on_train_start(trainer, module)
+    module, fc, opt, logger, trainer, cb = flip_rig(torch.tensor([[0.0, 0.0]]), momentum=0.5)
     rates = []
     for t in range(6):
         sign = 1.0 if t % 2 == 0 else -1.0
