@@ -21,7 +21,7 @@ import torch
 
 from altgrad.atomic import write_with
 from altgrad.callbacks.base import Instrument, backbone, mean, metric_name, quantized_weights, to_floats
-from altgrad.diagnostics import code_histogram, code_index, entropy_bits, log2_stiffness, pearson
+from altgrad.diagnostics import code_index, entropy_bits, log2_stiffness, pearson
 from altgrad.quant import quantize
 
 TRAJECTORY_COLUMNS = ["step", "layer", "sample", "element", "code_index", "value"]
@@ -68,33 +68,58 @@ class BitsCallback(Instrument):
         if not self._due:
             return
         step = trainer.global_step + 1
+        layers = quantized_weights(backbone(pl_module))
+        # the elementwise work (rounding, grid index, stiffness) runs once per format over every tensor of that
+        # format laid end to end, each weight with its own tensor's scale: the same values as tensor by tensor, in
+        # a few kernels instead of a few hundred; per-tensor reductions then read their tensor's slice
+        groups: dict[Any, list[int]] = {}
+        for i, (_, ql) in enumerate(layers):
+            spec = ql.weight_q.spec
+            groups.setdefault((spec.format, spec.overflow, ql.weight.device), []).append(i)
+        per_layer: list[tuple[Any, ...]] = [()] * len(layers)
+        for (fmt, overflow, _), members in groups.items():
+            ws = [layers[i][1].weight.detach() for i in members]
+            scales = [layers[i][1].weight_q.scale_for(w).detach().float() for i, w in zip(members, ws)]
+            w_all = torch.cat([w.reshape(-1) for w in ws])
+            s_all = torch.cat([torch.broadcast_to(s, w.shape).reshape(-1) for s, w in zip(scales, ws)])
+            q_all = quantize(w_all.float() * s_all, fmt, overflow=overflow)  # on the grid, unscaled
+            idx_all = code_index(q_all, fmt)
+            log2s_all = log2_stiffness(w_all, fmt, s_all)
+            size = self._grid_size(fmt)
+            sizes = [w.numel() for w in ws]
+            # one histogram for the whole group: tensor k's codes counted in bins [k·size, (k+1)·size); an index
+            # off the grid (a non-finite weight) goes to one spare bin past the end, dropped as before
+            bins = len(ws) * size
+            offset = torch.repeat_interleave(torch.arange(0, bins, size, dtype=torch.int32, device=w_all.device),
+                                             torch.tensor(sizes, device=w_all.device), output_size=w_all.numel())
+            on_grid = (idx_all >= 0) & (idx_all < size)
+            where = torch.where(on_grid, idx_all + offset, bins)
+            counts_all = torch.bincount(where, minlength=bins + 1)[:bins].view(len(ws), size)
+            grads = [layers[i][1].weight.grad for i in members]
+            stiff_all = torch.exp2(log2s_all) if any(g is not None for g in grads) else None
+            start = 0
+            for k, (i, n) in enumerate(zip(members, sizes)):
+                part = slice(start, start + n)
+                per_layer[i] = (fmt, size, counts_all[k], log2s_all[part], q_all[part], s_all[part], idx_all[part],
+                                None if grads[k] is None or stiff_all is None else (grads[k], stiff_all[part]))
+                start += n
         values: dict[str, torch.Tensor] = {}
         hists: dict[str, Any] = {}
         traj: list[Any] = []
-        for name, ql in quantized_weights(backbone(pl_module)):
-            fmt = ql.weight_q.spec.format
-            w = ql.weight.detach()
-            s = ql.weight_q.scale_for(w).detach().float()
-            q = quantize(w.float() * s, fmt, overflow=ql.weight_q.spec.overflow)  # on the grid, unscaled
-            idx = code_index(q, fmt)
-            size = self._grid_size(fmt)
-            counts = code_histogram(idx, size)
+        for (name, ql), (fmt, size, counts, log2s, q, s, idx, grad) in zip(layers, per_layer):
             values[metric_name(self.group, name, "weight", "effective_bits")] = entropy_bits(counts)
-            log2s = log2_stiffness(w, fmt, s).reshape(-1)
             for stat, v in (("mean", log2s.mean()), ("std", log2s.std()), ("min", log2s.min()),
                             ("max", log2s.max())):
                 values[metric_name(self.group, name, "weight", f"log2_stiffness_{stat}")] = v
-            if ql.weight.grad is not None:
-                values[metric_name(self.group, name, "weight", "grad_stiffness_corr")] = pearson(
-                    ql.weight.grad.abs(), torch.exp2(log2s))
+            if grad is not None:
+                values[metric_name(self.group, name, "weight", "grad_stiffness_corr")] = pearson(grad[0].abs(),
+                                                                                               grad[1])
             if self.histograms:
                 hists[metric_name(self.group, name, "weight", "codes")] = (counts, size)
                 hists[metric_name(self.group, name, "weight", "log2_stiffness")] = log2s
             if self.samples_per_tensor:
-                sample = self._sample(name, w)
-                sidx = idx.reshape(-1)[sample].long()
-                value = q.reshape(-1)[sample] / torch.broadcast_to(s, w.shape).reshape(-1)[sample]
-                traj.append((step, name, sample, sidx, value))
+                sample = self._sample(name, ql.weight)
+                traj.append((step, name, sample, idx[sample].long(), q[sample] / s[sample]))
         self._pending = (values, hists, traj)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,

@@ -302,6 +302,61 @@ def test_effective_bits_of_a_tensor_using_four_codes_equally_is_two():
     assert module.run_summary["diagnostics"]["mean_effective_bits"] == pytest.approx(2.0)
 
 
+def test_bits_of_layers_in_two_formats_match_each_tensor_on_its_own(monkeypatch):
+    """The whole-format pass gives every tensor's values as computed from that tensor alone: two formats, a
+    per-tensor and a per-channel scale, a layer without a gradient."""
+    from altgrad.diagnostics import code_histogram, code_index, entropy_bits, log2_stiffness, pearson
+
+    root = nn.Module()
+    root.a = QuantLinear(nn.Linear(8, 6, bias=False), "a", weight=QuantSpec(get_format("e4m3")))
+    root.b = QuantLinear(nn.Linear(8, 5, bias=False), "b",
+                         weight=QuantSpec(get_format("e5m2"), scaling=ScalingSpec(kind="channel")))
+    root.c = QuantLinear(nn.Linear(6, 4, bias=False), "c", weight=QuantSpec(get_format("e4m3")))
+    module = Holder(root)
+    torch.manual_seed(3)
+    for layer in (root.a, root.b, root.c):
+        with torch.no_grad():
+            layer.weight.copy_(torch.randn_like(layer.weight) * torch.logspace(-3, 1, layer.weight.shape[1]))
+    root.a.weight.grad = torch.randn(6, 8)
+    root.b.weight.grad = torch.randn(5, 8)
+    hist = {}
+    fake = type("W", (), {"log_metrics": lambda self, payload, step: hist.update(payload)})()
+    monkeypatch.setattr(BitsCallback, "wandb_logger", staticmethod(lambda trainer: fake))
+    logger = RecordingLogger()
+    trainer = fake_trainer(logger)
+    cb = BitsCallback(every_n_steps=1, samples_per_tensor=4)
+    cb.on_train_batch_start(trainer, module, None, 0)
+    cb.on_before_optimizer_step(trainer, module, None)
+    pending_hists = dict(cb._pending[1])
+    trainer.global_step = 1
+    cb.on_train_batch_end(trainer, module, None, None, 0)
+    got = logger.last()
+    for name in "abc":
+        layer = getattr(root, name)
+        fmt, w = layer.weight_q.spec.format, layer.weight.detach()
+        s = layer.weight_q.scale_for(w).float()
+        q = quantize(w * s, fmt)
+        counts = code_histogram(code_index(q, fmt), fmt.values().numel())
+        log2s = log2_stiffness(w, fmt, s).reshape(-1)
+        expected = {"effective_bits": entropy_bits(counts), "log2_stiffness_mean": log2s.mean(),
+                    "log2_stiffness_std": log2s.std(), "log2_stiffness_min": log2s.min(),
+                    "log2_stiffness_max": log2s.max()}
+        if layer.weight.grad is not None:
+            expected["grad_stiffness_corr"] = pearson(layer.weight.grad.abs(), torch.exp2(log2s))
+        else:
+            assert f"bits/{name}/weight/grad_stiffness_corr" not in got
+        for metric, value in expected.items():
+            assert got[f"bits/{name}/weight/{metric}"] == value.item(), (name, metric)  # the same bits
+        assert torch.equal(pending_hists[f"bits/{name}/weight/codes"][0], counts)
+        assert torch.equal(pending_hists[f"bits/{name}/weight/log2_stiffness"], log2s)
+        rows = [r for r in cb.trajectories if r[1] == name]
+        assert len(rows) == 4
+        for _, _, _, element, code, value in rows:
+            assert code == code_index(q, fmt).reshape(-1)[element].item()
+            assert value == (q.reshape(-1)[element] / torch.broadcast_to(s, w.shape).reshape(-1)[element]).item()
+    assert set(hist) == {f"bits/{n}/weight/{k}" for n in "abc" for k in ("codes", "log2_stiffness")}
+
+
 # -- rank ----------------------------------------------------------------------------------------------------------
 def test_rank_relative_to_step_zero():
     root = nn.Module()
