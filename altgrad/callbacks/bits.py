@@ -138,7 +138,7 @@ class BitsCallback(Instrument):
             for j, (element, code, v) in enumerate(zip(sample.tolist(), sidx.tolist(), value.tolist())):
                 self.trajectories.append([step, name, j, element, code, v])
         if hists and self.wandb_logger(trainer) is not None:
-            self.log_histograms(trainer, {k: _np_histogram(v) for k, v in hists.items()})
+            self.log_histograms(trainer, np_histograms(hists))
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.log_table(trainer, "bits/code_trajectories", TRAJECTORY_COLUMNS, self.trajectories)
@@ -154,16 +154,40 @@ class BitsCallback(Instrument):
             writer.writerows(self.trajectories)
 
 
-def _np_histogram(v: Any) -> tuple[list[float], list[float]]:
-    """(counts, edges) for W&B: code counts over integer bins, or 64 bins over a tensor's finite values."""
-    if isinstance(v, tuple):
-        counts, n = v
-        return counts.cpu().float().tolist(), [i - 0.5 for i in range(n + 1)]
-    x = v.detach().float()
-    x = x[torch.isfinite(x)].cpu()
-    if x.numel() == 0:
-        return [0.0], [0.0, 1.0]
-    lo, hi = float(x.min()), float(x.max())
-    hi = hi if hi > lo else lo + 1.0
-    counts = torch.histc(x, bins=64, min=lo, max=hi)
-    return counts.tolist(), torch.linspace(lo, hi, 65).tolist()
+def np_histograms(hists: dict[str, Any]) -> dict[str, tuple[list[float], list[float]]]:
+    """(counts, edges) for W&B per entry: code counts ``(counts, n)`` over integer bins, or 64 bins between the least
+    and the greatest finite value of a tensor (one bin [v, v + 1] when they are equal; [0, 1] with no finite value).
+    The values cross to the host in three transfers for the whole dict (ranges, bin counts, code counts), not a
+    few per tensor: each transfer waits for a GPU."""
+    codes = {k: v for k, v in hists.items() if isinstance(v, tuple)}
+    fields = {k: v.detach().float().reshape(-1) for k, v in hists.items() if not isinstance(v, tuple)}
+    out: dict[str, tuple[list[float], list[float]]] = {}
+    if fields:
+        inf = float("inf")
+        ends = torch.stack([torch.stack([torch.where(torch.isfinite(x), x, inf).amin(),
+                                         torch.where(torch.isfinite(x), x, -inf).amax()]) for x in fields.values()])
+        ranges = ends.cpu().tolist()
+        counts = []
+        for x, (lo, hi) in zip(fields.values(), ranges):
+            if lo > hi:  # no finite value
+                counts.append(None)
+                continue
+            hi = hi if hi > lo else lo + 1.0
+            # histc leaves out NaN and whatever lies outside [lo, hi] (±inf here): the finite values' counts
+            counts.append(torch.histc(x, bins=64, min=lo, max=hi))
+        rows = torch.stack([c for c in counts if c is not None]).cpu().tolist() if any(
+            c is not None for c in counts) else []
+        rows_iter = iter(rows)
+        for name, (lo, hi), c in zip(fields, ranges, counts):
+            if c is None:
+                out[name] = ([0.0], [0.0, 1.0])
+                continue
+            hi = hi if hi > lo else lo + 1.0
+            out[name] = (next(rows_iter), torch.linspace(lo, hi, 65).tolist())
+    if codes:
+        host = torch.cat([c.reshape(-1) for c, _ in codes.values()]).cpu().float().tolist()
+        start = 0
+        for name, (c, n) in codes.items():
+            out[name] = (host[start:start + c.numel()], [i - 0.5 for i in range(n + 1)])
+            start += c.numel()
+    return {k: out[k] for k in hists}

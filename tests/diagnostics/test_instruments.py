@@ -357,6 +357,37 @@ def test_bits_of_layers_in_two_formats_match_each_tensor_on_its_own(monkeypatch)
     assert set(hist) == {f"bits/{n}/weight/{k}" for n in "abc" for k in ("codes", "log2_stiffness")}
 
 
+def _histogram_alone(v):
+    """One W&B histogram the straightforward way (the finite values moved to the host, then binned there)."""
+    if isinstance(v, tuple):
+        counts, n = v
+        return counts.cpu().float().tolist(), [i - 0.5 for i in range(n + 1)]
+    x = v.detach().float()
+    x = x[torch.isfinite(x)].cpu()
+    if x.numel() == 0:
+        return [0.0], [0.0, 1.0]
+    lo, hi = float(x.min()), float(x.max())
+    hi = hi if hi > lo else lo + 1.0
+    return torch.histc(x, bins=64, min=lo, max=hi).tolist(), torch.linspace(lo, hi, 65).tolist()
+
+
+def test_bits_histograms_in_one_go_are_each_tensors_own():
+    from altgrad.callbacks.bits import np_histograms
+
+    g = torch.Generator().manual_seed(5)
+    spread = torch.randn(300, generator=g) * 4
+    with_bad = spread.clone()
+    with_bad[[3, 50, 51]] = torch.tensor([float("nan"), float("inf"), -float("inf")])
+    hists = {"spread": spread, "with non-finite": with_bad, "constant": torch.full((7,), -2.5),
+             "nothing finite": torch.tensor([float("nan"), float("inf")]),
+             "codes": (torch.bincount(torch.randint(0, 9, (50,), generator=g), minlength=12), 12),
+             "edges on bins": torch.arange(-8.0, 8.0, 0.25), "more codes": (torch.arange(5), 5)}
+    got = np_histograms(hists)
+    assert list(got) == list(hists)
+    for name, v in hists.items():
+        assert got[name] == _histogram_alone(v), name
+
+
 # -- rank ----------------------------------------------------------------------------------------------------------
 def test_rank_relative_to_step_zero():
     root = nn.Module()
