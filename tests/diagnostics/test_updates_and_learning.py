@@ -73,6 +73,74 @@ def test_update_callback_in_training_records_adamw_steps_in_ulps(tmp_path) -> No
         UpdateCallback(max_weights_per_tensor=0)
 
 
+def _sampled_steps(n_steps: int, per_step: int, seed: int = 0):
+    """Synthetic sampled steps: ratios uniform in [0, 1); relative = decile + a fraction, so pairs can be checked."""
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(n_steps):
+        deciles = torch.randint(0, 10, (per_step,), generator=g).to(torch.int8)
+        yield torch.rand(per_step, generator=g), deciles.float() + torch.rand(per_step, generator=g) * 0.5, deciles
+
+
+def _kept(cb: UpdateCallback) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return torch.cat(cb._ratios), torch.cat(cb._relative), torch.cat(cb._deciles)
+
+
+def test_update_values_kept_are_bounded_and_a_uniform_sample() -> None:
+    cb = UpdateCallback(max_values=5000, seed=3)
+    for step in _sampled_steps(1000, 100):
+        cb.keep(*step)
+    ratios, relative, deciles = _kept(cb)
+    # 100,000 values a quantity: five halvings (100,000 / 2^5 = 3,125) bring them under the bound
+    assert cb.keep_level == 5
+    assert 2500 <= ratios.numel() <= 5000 and 2500 <= relative.numel() <= 5000
+    assert abs(ratios.numel() - 100_000 / 32) < 4 * (100_000 / 32) ** 0.5  # Binomial(100,000, 1/32)
+    assert torch.equal(relative.floor().to(torch.int8), deciles)  # each kept |Δw|/|w| keeps its own decile
+    assert abs((ratios < 0.5).float().mean().item() - 0.5) < 0.03  # uniform: the share below ½ survives
+    early, late = (torch.cat([t for t, _, _ in _sampled_steps(1000, 100)][:500]),
+                   torch.cat([t for t, _, _ in _sampled_steps(1000, 100)][500:]))
+    from_early = torch.isin(ratios, early).float().mean().item()
+    assert abs(from_early - 0.5) < 0.05  # early and late steps equally represented
+    assert torch.isin(ratios, torch.cat([early, late])).all()  # only values that were seen
+
+
+def test_update_values_below_the_bound_are_all_kept_and_resume_exactly(tmp_path) -> None:
+    everything, bounded, straight = UpdateCallback(max_values=None), UpdateCallback(), UpdateCallback(max_values=700)
+    for step in _sampled_steps(20, 100):
+        everything.keep(*step)
+        bounded.keep(*step)
+        straight.keep(*step)
+    assert bounded.keep_level == 0 and all(torch.equal(a, b) for a, b in zip(_kept(everything), _kept(bounded)))
+    # a run stopped after 10 sampled steps and resumed from its checkpoint keeps exactly what the straight run keeps
+    first = UpdateCallback(max_values=700)
+    steps = list(_sampled_steps(20, 100))
+    for step in steps[:10]:
+        first.keep(*step)
+    torch.save(first.state_dict(), tmp_path / "cb.pt")
+    resumed = UpdateCallback(max_values=700)
+    resumed.load_state_dict(torch.load(tmp_path / "cb.pt", weights_only=True))
+    for step in steps[10:]:
+        resumed.keep(*step)
+    assert straight.keep_level == resumed.keep_level > 0
+    assert all(torch.equal(a, b) for a, b in zip(_kept(straight), _kept(resumed)))
+    with pytest.raises(ValueError, match="max_values"):
+        UpdateCallback(max_values=0)
+
+
+def test_update_callback_in_training_past_its_bound(tmp_path) -> None:
+    """Training with a small bound: the summary says what share was kept, and training is untouched."""
+    plain, observed = TinyLM(tiny_gpt(fmt=E4M3), lr=1e-3), TinyLM(tiny_gpt(fmt=E4M3), lr=1e-3)
+    fit(plain, [UpdateCallback(every_n_steps=1, max_weights_per_tensor=64, seed=0)], 6, tmp_path / "a")
+    fit(observed, [UpdateCallback(every_n_steps=1, max_weights_per_tensor=64, seed=0, max_values=100)], 6,
+        tmp_path / "b")
+    for a, b in zip(plain.state_dict().values(), observed.state_dict().values()):
+        assert torch.equal(a, b)
+    full, part = plain.run_summary["diagnostics"], observed.run_summary["diagnostics"]
+    assert "update_values_kept_share" not in full
+    assert 0 < part["update_values_kept_share"] < 1 and math.log2(part["update_values_kept_share"]).is_integer()
+    assert part["update_steps_sampled"] == full["update_steps_sampled"] == 6.0
+    assert 0.0 < part["ulp_update_q10"] <= part["ulp_update_q50"] <= part["ulp_update_q90"]
+
+
 def test_update_callback_without_quantized_weights_records_nothing(tmp_path) -> None:
     module = TinyLM(tiny_gpt(fmt=None))
     fit(module, [UpdateCallback(every_n_steps=1)], 3, tmp_path)
