@@ -11,7 +11,7 @@ and rel_update_d1 … d10. The values kept travel in the checkpoint, so a resume
 What is kept is bounded (``max_values`` per quantity): past it every kept value is dropped with probability ½ and
 each later value is kept with probability 2^−k after the k-th such halving, so the values kept stay a uniform
 sample of every value seen (from a private generator whose state is checkpointed), and memory and checkpoints stop
-growing with the run's length (a 100 K-step run of a 50 M model would otherwise keep ≈ 400 M values a quantity).
+growing with the run's length (a 100 K-step run of `model=gpt_50m` would otherwise keep ≈ 270 M values a quantity).
 Below the bound every value is kept, as before; past it the summary says what share was kept
 (``update_values_kept_share``).
 """
