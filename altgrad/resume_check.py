@@ -173,7 +173,15 @@ def _compare(plan: ResumePlan, current: dict[str, Any]) -> None:
 
 def adapt_checkpoint(checkpoint: dict[str, Any], plan: ResumePlan) -> None:
     """Under +resume_with_new_config with another optimizer: its state and the lr schedule start afresh (the old
-    optimizer's moments would be read as the new one's, or not fit at all); weights, step and data position stay."""
+    optimizer's moments would be read as the new one's, or not fit at all); weights, step and data position stay.
+    Under any new configuration the diagnostics instruments start afresh too: their run-level aggregates (update
+    sizes, flip means, …) and per-weight histories describe one configuration, so summary.json's diagnostics cover
+    the steps run under this one (``diagnostics_from_step``)."""
     if plan.optimizer_changed:
         checkpoint["optimizer_states"] = []
         checkpoint["lr_schedulers"] = []
+    if plan.differences:
+        states = checkpoint.get("callbacks") or {}
+        for key, state in states.items():
+            if isinstance(state, dict) and "run_state" in state:  # an Instrument's (altgrad.callbacks.base)
+                states[key] = {}

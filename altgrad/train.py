@@ -376,7 +376,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     if plan is not None:
         summary.update(resumed_from=ckpt_path, resumed_at_step=plan.step, resumed_in_place=in_place)
         if plan.differences:
-            summary.update(resumed_with_new_config=plan.differences, resumed_from_config=plan.stored_config)
+            summary.update(resumed_with_new_config=plan.differences, resumed_from_config=plan.stored_config,
+                           diagnostics_from_step=plan.step)  # the instruments start afresh (adapt_checkpoint)
     started = time.perf_counter()
     trainer = module = None
     failure: BaseException | None = None

@@ -45,3 +45,22 @@ def test_a_resumed_run_keeps_the_instruments_accumulators(tmp_path: Path, offlin
     state = checkpoint(resumed)["callbacks"]
     flips = next(v for k, v in state.items() if k.startswith("FlipCallback"))
     assert flips["run_state"]["osc_steps"] == 8 and len(flips["layers"]) == 9  # every step; 8 Linears + the head
+
+
+def test_a_resume_under_a_new_configuration_starts_the_instruments_afresh(tmp_path: Path,
+                                                                           offline_env: dict[str, str]) -> None:
+    """Fine-tuning a checkpoint in another format (+resume_with_new_config): the summary's diagnostics describe the
+    steps under the new format alone, as a run of those steps that started from the same weights would."""
+    first, resumed = tmp_path / "first", tmp_path / "resumed"
+    for args in ([*RUN, "trainer.max_steps=4", f"hydra.run.dir={first}"],
+                 [*RUN, "format=e5m2", "trainer.max_steps=8", f"ckpt_path={first}", "+resume_with_new_config=true",
+                  f"hydra.run.dir={resumed}"]):
+        result = run_train(args, offline_env)
+        assert result.returncode == 0, result.stderr[-3000:]
+    b = summary(resumed)
+    assert b["resumed_at_step"] == 4 and b["diagnostics_from_step"] == 4
+    assert any(d.startswith("format.name") for d in b["resumed_with_new_config"])
+    assert b["diagnostics"]["update_steps_sampled"] == 2.0  # steps 6 and 8, not 2 and 4 of the e4m3 part too
+    state = checkpoint(resumed)["callbacks"]
+    flips = next(v for k, v in state.items() if k.startswith("FlipCallback"))
+    assert flips["run_state"]["osc_steps"] == 4  # steps 5–8 only
