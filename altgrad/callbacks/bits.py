@@ -93,8 +93,8 @@ class BitsCallback(Instrument):
             offset = torch.repeat_interleave(torch.arange(0, bins, size, dtype=torch.int32, device=w_all.device),
                                              torch.tensor(sizes, device=w_all.device), output_size=w_all.numel())
             on_grid = (idx_all >= 0) & (idx_all < size)
-            where = torch.where(on_grid, idx_all + offset, bins)
-            counts_all = torch.bincount(where, minlength=bins + 1)[:bins].view(len(ws), size)
+            slot = torch.where(on_grid, idx_all + offset, bins)
+            counts_all = torch.bincount(slot, minlength=bins + 1)[:bins].view(len(ws), size)
             grads = [layers[i][1].weight.grad for i in members]
             stiff_all = torch.exp2(log2s_all) if any(g is not None for g in grads) else None
             start = 0
