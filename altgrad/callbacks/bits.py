@@ -25,6 +25,8 @@ from altgrad.diagnostics import code_index, entropy_bits, log2_stiffness, pearso
 from altgrad.quant import quantize
 
 TRAJECTORY_COLUMNS = ["step", "layer", "sample", "element", "code_index", "value"]
+PASS_ELEMENTS = 2**24
+"""The most weights one elementwise pass of a bits step lays end to end (≈ 30 bytes of temporaries each)."""
 
 
 class BitsCallback(Instrument):
@@ -77,7 +79,10 @@ class BitsCallback(Instrument):
             spec = ql.weight_q.spec
             groups.setdefault((spec.format, spec.overflow, ql.weight.device), []).append(i)
         per_layer: list[tuple[Any, ...]] = [()] * len(layers)
-        for (fmt, overflow, _), members in groups.items():
+        # a part holds at most PASS_ELEMENTS weights (or one larger tensor): the pass's temporaries stay bounded
+        parts = [(key, part) for key, members in groups.items()
+                 for part in _parts(members, [layers[i][1].weight.numel() for i in members], PASS_ELEMENTS)]
+        for (fmt, overflow, _), members in parts:
             ws = [layers[i][1].weight.detach() for i in members]
             scales = [layers[i][1].weight_q.scale_for(w).detach().float() for i, w in zip(members, ws)]
             w_all = torch.cat([w.reshape(-1) for w in ws])
@@ -191,3 +196,17 @@ def np_histograms(hists: dict[str, Any]) -> dict[str, tuple[list[float], list[fl
             out[name] = (host[start:start + c.numel()], [i - 0.5 for i in range(n + 1)])
             start += c.numel()
     return {k: out[k] for k in hists}
+
+
+def _parts(members: list[int], sizes: list[int], limit: int) -> list[list[int]]:
+    """``members`` in order, cut into runs whose sizes sum to at most ``limit`` (a larger member alone)."""
+    parts: list[list[int]] = []
+    total = 0
+    for member, size in zip(members, sizes):
+        if parts and total + size <= limit:
+            parts[-1].append(member)
+            total += size
+        else:
+            parts.append([member])
+            total = size
+    return parts

@@ -302,9 +302,14 @@ def test_effective_bits_of_a_tensor_using_four_codes_equally_is_two():
     assert module.run_summary["diagnostics"]["mean_effective_bits"] == pytest.approx(2.0)
 
 
-def test_bits_of_layers_in_two_formats_match_each_tensor_on_its_own(monkeypatch):
+@pytest.mark.parametrize("pass_elements", [2**24, 50])
+def test_bits_of_layers_in_two_formats_match_each_tensor_on_its_own(monkeypatch, pass_elements):
     """The whole-format pass gives every tensor's values as computed from that tensor alone: two formats, a
-    per-tensor and a per-channel scale, a layer without a gradient."""
+    per-tensor and a per-channel scale, a layer without a gradient; the pass cut into parts (50 weights: each tensor
+    alone) gives them too."""
+    from altgrad.callbacks import bits
+
+    monkeypatch.setattr(bits, "PASS_ELEMENTS", pass_elements)
     from altgrad.diagnostics import code_histogram, code_index, entropy_bits, log2_stiffness, pearson
 
     root = nn.Module()
@@ -369,6 +374,13 @@ def _histogram_alone(v):
     lo, hi = float(x.min()), float(x.max())
     hi = hi if hi > lo else lo + 1.0
     return torch.histc(x, bins=64, min=lo, max=hi).tolist(), torch.linspace(lo, hi, 65).tolist()
+
+
+def test_bits_pass_parts():
+    from altgrad.callbacks.bits import _parts
+
+    assert _parts([0, 1, 2, 3, 4], [10, 20, 5, 40, 1], 35) == [[0, 1, 2], [3], [4]]
+    assert _parts([7], [100], 10) == [[7]]
 
 
 def test_bits_histograms_in_one_go_are_each_tensors_own():
