@@ -171,24 +171,14 @@ def np_histograms(hists: dict[str, Any]) -> dict[str, tuple[list[float], list[fl
         inf = float("inf")
         ends = torch.stack([torch.stack([torch.where(torch.isfinite(x), x, inf).amin(),
                                          torch.where(torch.isfinite(x), x, -inf).amax()]) for x in fields.values()])
-        ranges = ends.cpu().tolist()
-        counts = []
-        for x, (lo, hi) in zip(fields.values(), ranges):
-            if lo > hi:  # no finite value
-                counts.append(None)
-                continue
-            hi = hi if hi > lo else lo + 1.0
-            # histc leaves out NaN and whatever lies outside [lo, hi] (±inf here): the finite values' counts
-            counts.append(torch.histc(x, bins=64, min=lo, max=hi))
-        rows = torch.stack([c for c in counts if c is not None]).cpu().tolist() if any(
-            c is not None for c in counts) else []
-        rows_iter = iter(rows)
-        for name, (lo, hi), c in zip(fields, ranges, counts):
-            if c is None:
-                out[name] = ([0.0], [0.0, 1.0])
-                continue
-            hi = hi if hi > lo else lo + 1.0
-            out[name] = (next(rows_iter), torch.linspace(lo, hi, 65).tolist())
+        # each field's bin range: [lo, hi] of its finite values, [v, v + 1] for one value, None for none
+        spans = [None if lo > hi else (lo, hi if hi > lo else lo + 1.0) for lo, hi in ends.cpu().tolist()]
+        # histc leaves out NaN and whatever lies outside [lo, hi] (±inf here): the finite values' counts
+        binned = [torch.histc(x, bins=64, min=span[0], max=span[1]) for x, span in zip(fields.values(), spans)
+                  if span is not None]
+        rows = iter(torch.stack(binned).cpu().tolist() if binned else [])
+        for name, span in zip(fields, spans):
+            out[name] = ([0.0], [0.0, 1.0]) if span is None else (next(rows), torch.linspace(*span, 65).tolist())
     if codes:
         host = torch.cat([c.reshape(-1) for c, _ in codes.values()]).cpu().float().tolist()
         start = 0
