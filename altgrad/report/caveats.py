@@ -296,8 +296,12 @@ def time_shift_line(result: StudyResult) -> str | None:
 def caveat_lines(jobs: Sequence[Job], study_jobs: Sequence[Job] = (),
                  results: Sequence[StudyResult] = ()) -> list[str]:
     """The caveats of the evidence (markdown sentences): scale, hardware, storage, what the format is applied to,
-    data, horizon and time shift, tuning and its lr grid."""
-    scope = list(study_jobs) or [j for j in jobs if j.state == "completed"]
+    data, horizon and time shift, tuning and its lr grid. Before a declared study's evaluation has runs, they
+    describe its other completed runs but not its failure-stage ladder, whose rungs quantize more than the weights
+    by design (the ladder's table says what each rung ran)."""
+    ladder = {id(j) for r in results for j in r.ladder_jobs}
+    completed = [j for j in jobs if j.state == "completed"]
+    scope = list(study_jobs) or [j for j in completed if id(j) not in ladder] or completed
     if not scope:
         return []
     inside = {id(j) for j in scope}

@@ -69,6 +69,29 @@ def study_curves(results: Sequence[StudyResult]) -> list[plots.CurveGroup]:
                 kv[0][3], rank(OPTIMIZER_ORDER, kv[0][1]), kv[0][2] or 0.0))]
 
 
+REFERENCE_LINE = "reference"
+"""The palette key of a ladder's reference line (drawn in every format's panel)."""
+
+
+def ladder_curves(result: StudyResult) -> list[plots.CurveGroup]:
+    """The failure-stage ladder's curves: per format of the family one line per rung in ladder order, and the
+    reference cell's line (dashed) in each of those panels."""
+    stages = result.endpoint.stages
+    if stages is None:
+        return []
+    jobs = (*result.jobs, *result.ladder_jobs)
+    reference = tuple(j for j in jobs if j.format == stages.reference_format and j.arm == stages.reference_arm)
+    groups = []
+    for fmt in result.formats:
+        groups += [plots.CurveGroup(fmt, arm, arm, members) for arm in stages.arms
+                   if (members := tuple(j for j in jobs if j.format == fmt and j.arm == arm))]
+        if reference and any(g.panel == fmt for g in groups):
+            groups.append(plots.CurveGroup(fmt, REFERENCE_LINE,
+                                           f"{stages.reference_format} {stages.reference_arm} (reference)",
+                                           reference, dashed=True))
+    return groups
+
+
 def scans_and_picks(cells: Sequence[Cell]) -> tuple[list[Cell], list[Job]]:
     """An undeclared sweep: per arm and context, the lr with the lowest mean final loss (its curve is shown) and
     the jobs of every arm that ran several lrs (the lr–loss figure)."""
@@ -120,11 +143,16 @@ def write_report(sweep_dirs: Sequence[str | os.PathLike[str]], out_dir: str | os
         declared = [j for r in results for j in r.declared_jobs]
         scans = [j for runs in tuning_runs(declared, outside_studies).values() for js in runs.values() for j in js]
         picks = {(j.format, j.arm): j.lr for j in declared if j.lr is not None}
+        ring = "lr the evaluation used"
+        if not declared:  # no evaluation yet: the tuning stages' records alone, each scan's pick ringed
+            scans = records.tuning_jobs(outside_studies)
+            picks = {(c.format, c.arm): c.pick for c in records.tuning(scans) if c.pick is not None}
+            ring = "the pick, lowest mean (no evaluation run yet)"
     else:
         shown, scans = scans_and_picks(main_cells)
         val_png = plots.plot_val_loss(shown, out / "val_loss.png", palette=palette)
-        picks = {}
-    lr_png = plots.plot_lr_scan(scans, out / "lr_loss.png", palette, picks)
+        picks, ring = {}, "lr the evaluation used"
+    lr_png = plots.plot_lr_scan(scans, out / "lr_loss.png", palette, picks, ring=ring)
     stage_val_png = plots.plot_val_loss(stage_cells, out / "val_loss_failure_stage.png",
                                         title="Validation loss per failure stage")
     benefit_png = plots.plot_benefit(benefits, out / "benefit.png")
@@ -184,13 +212,21 @@ def write_report(sweep_dirs: Sequence[str | os.PathLike[str]], out_dir: str | os
         lad = ladder(result)
         if lad is not None:
             ladder_png = plots.plot_ladder(lad, out / ("failure_ladder.png" if k == 0 else f"failure_ladder_{k}.png"))
+            curves_png = plots.plot_curves(
+                ladder_curves(result), out / ("failure_ladder_curves.png" if k == 0 else
+                                              f"failure_ladder_curves_{k}.png"),
+                {**palette, REFERENCE_LINE: "0.35"}, title="Validation loss per failure stage", log_y=True)
             parts += [(f"Failure stages as declared: each stage − {lad.reference_format} {lad.reference_arm} "
                        f"({lad.reference_seeds} seeds), paired by seed; a stage fails when Δ > {lad.margin:g} by the "
                        "one-sided paired t-test, Holm over every stage of every format; a failed run enters at its "
                        "initial loss. The step from the stage before is in the next-to-last column."), "",
                       tables.ladder_table(lad), "",
                       _figure(ladder_png, "Δ per failure stage and format", "No failure stage paired with its "
-                              "reference yet."), ""]
+                              "reference yet."), "",
+                      (f"The rungs' validation loss per format (line: mean over seeds, band: min–max over seeds, so "
+                       f"one seed's stall shows as a band; dashed grey: the reference, {lad.reference_format} "
+                       f"{lad.reference_arm}):"), "",
+                      _figure(curves_png, "validation loss per ladder rung", "No rung logged val/loss."), ""]
         rec = recovery(result)
         if result.endpoint.recovery is not None and result.endpoint.label == "arm":
             parts += [(f"Recovery: each arm − {result.endpoint.recovery.reference} (the same forward grid, float32 "
@@ -229,7 +265,9 @@ def write_report(sweep_dirs: Sequence[str | os.PathLike[str]], out_dir: str | os
         "",
         "## Validation loss",
         "",
-        _figure(val_png, "validation loss per format", "No job logged val/loss in metrics.csv."),
+        _figure(val_png, "validation loss per format",
+                "No evaluation run of the declared study has finished yet." if results
+                else "No job logged val/loss in metrics.csv."),
         "",
         ("One panel per format, one colour per arm (the same in every figure); "
          + ("the declared studies' evaluation runs, dashed: runs at an lr set by hand (lr sensitivity). "

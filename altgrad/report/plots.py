@@ -130,9 +130,10 @@ def plot_val_loss(cells: Sequence[Cell], path: Path, title: str = "Validation lo
 
 def plot_lr_scan(jobs: Sequence[Job], path: Path, palette: dict[str, Colour],
                  evaluated: dict[tuple[str, str], float] | None = None,
-                 title: str = "Tuning: final validation loss against lr") -> Path | None:
+                 title: str = "Tuning: final validation loss against lr",
+                 ring: str = "lr the evaluation used") -> Path | None:
     """One panel per format: final val loss (mean over the seeds run) against lr on a log axis, one line per arm;
-    a diverged lr is an ``x`` at the panel's top, the lr the evaluation used a ring."""
+    a diverged lr is an ``x`` at the panel's top, the lr in ``evaluated`` a ring (``ring`` says what it is)."""
     by: dict[tuple[str, str], dict[float, list[Job]]] = {}
     for j in jobs:
         if j.lr is not None and j.lr > 0 and j.state in ("completed", "diverged"):
@@ -173,7 +174,7 @@ def plot_lr_scan(jobs: Sequence[Job], path: Path, palette: dict[str, Colour],
         ax.legend(fontsize=6, loc="best")
     seed_text = (f"seed {seeds[0]}, one run per point" if len(seeds) == 1 else
                  f"mean over seeds {', '.join(map(str, seeds))}")
-    fig.suptitle(f"{title} ({seed_text}; ring: lr the evaluation used; x: diverged)")
+    fig.suptitle(f"{title} ({seed_text}; ring: {ring}; x: diverged)")
     return _save(fig, path)
 
 

@@ -142,13 +142,18 @@ class TunedCell:
             x > self.pick and not math.isclose(x, self.pick) for x in lrs)
 
 
+def tuning_jobs(jobs: Sequence[Job]) -> list[Job]:
+    """The tuning scans' runs (experiments named ``*tune*``) that ran an lr and finished or failed."""
+    return [j for j in jobs if TUNE in _experiment(j) and j.lr is not None
+            and j.state in ("completed", "diverged", "failed")]
+
+
 def tuning(jobs: Sequence[Job], evaluated: Sequence[Job] = ()) -> list[TunedCell]:
     """Every tuning scan (experiments named ``*tune*``) per (format, arm), in report order; the pick is the lr the
     evaluation ran that arm at where it has run, else the lowest mean loss among lrs without a failed seed."""
     by: dict[tuple[str, str], dict[float, list[Job]]] = {}
-    for job in jobs:
-        if TUNE in _experiment(job) and job.lr is not None and job.state in ("completed", "diverged", "failed"):
-            by.setdefault((job.format, job.arm), {}).setdefault(job.lr, []).append(job)
+    for job in tuning_jobs(jobs):
+        by.setdefault((job.format, job.arm), {}).setdefault(job.lr, []).append(job)
     ran = {(j.format, j.arm): j.lr for j in evaluated if j.lr is not None}
     out = []
     for (fmt, arm), scans in by.items():

@@ -339,3 +339,56 @@ def test_the_mechanism_by_intervention_in_one_line() -> None:
     assert "I1 (expect positive): as declared in e0m7/e4m3/e7m0" in line
     assert "X1 (expect positive): as declared in e0m7/e4m3/e7m0" in line
     assert line.endswith("; C1 (expect ≈ 0): tie in e4m3.")
+
+
+def _ladder_and_tuning() -> list[Job]:
+    """A study before its evaluation: the ladder (stage_wag_rn quantizes inputs and gradients too) and the reference
+    tuning (weights only, no endpoint in its config, as the tune stages run), each with a val/loss curve."""
+    from dataclasses import replace
+
+    out = []
+    for j in ladder_study():
+        if j.arm not in ("stage_w", "stage_wag_rn"):
+            continue
+        wag = j.arm == "stage_wag_rn"
+        final = j.summary["final_val_loss"] or 5.5
+        out.append(replace(j, layer_map=_layer_map(wag, wag), curve=((0, 5.5), (50, final))))
+    for fmt in FORMATS:
+        for lr in (1e-3, 2e-3, 4e-3):
+            for seed in (201, 202):
+                t = job(fmt, "adamw_sr", seed, 2.0 + abs(lr - 2e-3) * 100, lr=lr)
+                t.summary.update(experiment="ongrid_tune_ref")
+                t.summary["config"] = {k: v for k, v in t.summary["config"].items() if k != "endpoint"}
+                out.append(replace(t, layer_map=_layer_map(False, False)))
+    return out
+
+
+def test_before_the_evaluation_the_caveats_describe_the_runs_it_will_compare_not_the_ladder() -> None:
+    """The ladder's rungs quantize activations and gradients by design; before any evaluation run the caveats'
+    'what a format is applied to' comes from the other runs (here the tuning, weights only), not from the ladder."""
+    from altgrad.report.caveats import caveat_lines, roles_line
+
+    jobs = _ladder_and_tuning()
+    ((ep, members),) = declared_endpoints(jobs)
+    result = analyse(ep, members)
+    assert result.declared_jobs == () and len(result.ladder_jobs) > 0
+    lines = caveat_lines(jobs, [], [result])
+    roles = next(line for line in lines if line.startswith("What a format is applied to"))
+    assert "activations" not in roles and "not of the weight grid alone" not in roles
+    assert "on-grid nearest" not in next(line for line in lines if line.startswith("Storage:"))
+    assert "activations" in roles_line(list(result.ladder_jobs))  # what the fallback would have said
+
+
+def test_the_ladder_curves_are_one_line_per_rung_with_the_reference_in_every_panel() -> None:
+    from altgrad.report.document import REFERENCE_LINE, ladder_curves
+
+    jobs = _ladder_and_tuning()
+    ((ep, members),) = declared_endpoints(jobs)
+    groups = ladder_curves(analyse(ep, members))
+    assert [(g.panel, g.arm) for g in groups] == [
+        (f, a) for f in FORMATS for a in ("stage_w", "stage_wag_rn", REFERENCE_LINE)]
+    assert all(len(g.jobs) == 6 for g in groups)
+    reference = [g for g in groups if g.arm == REFERENCE_LINE]
+    assert all(g.dashed and g.label == "fp32 stage_w (reference)" for g in reference)
+    assert all(j.format == "fp32" for g in reference for j in g.jobs)
+    assert ladder_curves(run(study(PLANTED, seeds=2))) == []  # no ladder declared runs: no lines

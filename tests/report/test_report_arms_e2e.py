@@ -77,3 +77,19 @@ def test_only_a_pilot_gives_a_report(tmp_path: Path) -> None:
     text = report(records, tmp_path / "out")
     assert "No run of these records declares an endpoint yet" in text
     assert "Records per folder: pilot: 2 completed." in text
+
+
+def test_before_the_evaluation_the_report_shows_the_ladder_curves_and_the_tuning_scans(tmp_path: Path) -> None:
+    """Records of a study whose evaluation has not started (its ladder and its reference tuning): the ladder's
+    curves and the tuning's lr–loss figure are drawn, and the evaluation's empty curve panel says why it is empty."""
+    from test_report_arms import _ladder_and_tuning
+
+    jobs = _ladder_and_tuning()
+    ladder_jobs = [j for j in jobs if "tune" not in j.summary["experiment"]]
+    records = write(tmp_path / "runs", ladder_jobs, folder="stages")
+    write(records, [j for j in jobs if "tune" in j.summary["experiment"]], folder="tune_ref")
+    text = report(records, tmp_path / "out")
+    assert "![validation loss per ladder rung](failure_ladder_curves.png)" in text
+    assert "![final validation loss against lr](lr_loss.png)" in text
+    assert "_No evaluation run of the declared study has finished yet._" in text
+    assert (tmp_path / "out" / "failure_ladder_curves.png").is_file() and (tmp_path / "out" / "lr_loss.png").is_file()
