@@ -15,6 +15,7 @@ import lightning as L
 import torch
 from torch import nn
 
+from altgrad.callbacks.wandb_values import no_pandas_probe
 from altgrad.quant.layers import QuantLinear
 
 
@@ -160,14 +161,16 @@ class Instrument(L.Callback):
 
         payload: dict[str, Any] = {name: wandb.Histogram(np_histogram=(list(c), list(e)))
                                    for name, (c, e) in histograms.items()}
-        logger.log_metrics(payload, step=trainer.global_step if step is None else step)
+        with no_pandas_probe():
+            logger.log_metrics(payload, step=trainer.global_step if step is None else step)
 
     def log_table(self, trainer: L.Trainer, key: str, columns: list[str], rows: list[list[Any]]) -> None:
         """A W&B table; skipped without a WandbLogger."""
         logger = self.wandb_logger(trainer)
         if logger is None or not rows or not trainer.is_global_zero:
             return
-        logger.log_table(key=key, columns=columns, data=rows, step=trainer.global_step)
+        with no_pandas_probe():
+            logger.log_table(key=key, columns=columns, data=rows, step=trainer.global_step)
 
     @staticmethod
     def summarize(pl_module: L.LightningModule, **aggregates: float | None) -> None:
