@@ -22,9 +22,13 @@ GPU_JOBS ?= fp32,e4m3,e4m3 callbacks=none
 # dense bf16 FLOP/s of an H100 / H200 SXM, for the steady MFU (trainer=gpu's own default is an A100's)
 GPU_PEAK ?= 9.89e14
 PROFILE_DIR ?= outputs/profile-gpu-job/$(shell date +%Y%m%d-%H%M%S)
+# the GPU targets on a machine whose python3 lacks them: the wheels of `make gpu-wheels` (.whl/), installed into a
+# folder of their own first (where .whl/ is absent, nothing is installed)
+GPU_SITE = if [ -d .whl ]; then python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/altgrad-site \
+  .whl/*.whl && export PYTHONPATH=/tmp/altgrad-site:$$PWD; fi;
 
 .DEFAULT_GOAL := help
-.PHONY: install train test test-slow test-gpu bench-gpu bench-gpu-job profile-gpu-job sweep report bench study evidence-gpu-data evidence-gpu lint clean help
+.PHONY: install train test test-slow test-gpu bench-gpu bench-gpu-job profile-gpu-job gpu-wheels sweep report bench study evidence-gpu-data evidence-gpu lint clean help
 
 # torch goes in first, pinned to the CPU build: a looser spec would pull the multi-GB CUDA wheels.
 $(STAMP): pyproject.toml
@@ -53,17 +57,26 @@ bench-gpu: ## on a CUDA machine: quantize at 2^24 and 2^28 vs a device copy, and
 	python3 -m altgrad.bench step --device cuda --model gpt_50m --vocab 50257 --bf16 --steps 20
 
 bench-gpu-job: ## on a CUDA machine: the job bench on model=gpt_50m trainer=gpu (bf16 vs quantized bf16, steady MFU)
-	python3 -m altgrad.bench job --rounds 1 --threads default --recipes default --steps 600 --only '$(GPU_JOBS)' \
+	$(GPU_SITE) python3 -m altgrad.bench job --rounds 1 --threads default --recipes default --steps 600 --only '$(GPU_JOBS)' \
 	  --set trainer=gpu --set model=gpt_50m --set trainer.peak_flops=$(GPU_PEAK) --no-calls \
 	  --markdown docs/benchmarks/job_gpu.md $(ARGS)
 
 profile-gpu-job: ## on a CUDA machine: where a step's time goes, bf16 vs e4m3 without and with diagnostics (step profile)
-	for job in "bf16:format=fp32" "e4m3_no_diagnostics:format=e4m3 callbacks=none" "e4m3:format=e4m3"; do \
+	$(GPU_SITE) for job in "bf16:format=fp32" "e4m3_no_diagnostics:format=e4m3 callbacks=none" "e4m3:format=e4m3"; do \
 	  python3 -m altgrad.train trainer=gpu model=gpt_50m $${job#*:} logger=csv trainer.max_steps=300 \
 	    trainer.val_check_interval=300 trainer.initial_validation=false trainer.sample_tokens=0 \
 	    trainer.peak_flops=$(GPU_PEAK) +callbacks.step_profile._target_=altgrad.bench.step_profile.StepProfile \
 	    +callbacks.step_profile.start=100 hydra.run.dir=$(PROFILE_DIR)/$${job%%:*} $(ARGS) || exit 1; \
-	done
+	done; \
+	if [ -n "$$OUT" ]; then tar czf "$$OUT/profile-gpu-job.tgz" --exclude='*.ckpt' --exclude=wandb -C $(PROFILE_DIR) .; fi
+
+gpu-wheels: $(STAMP) ## the wheels an offline CUDA machine's image lacks (hydra-core, omegaconf, antlr4) into .whl/
+	rm -rf .whl && mkdir -p .whl
+	$(BIN)/pip download -q --no-deps --only-binary=:all: -d .whl \
+	  $$($(BIN)/python -c "import importlib.metadata as m; print(*(f'{n}=={m.version(n)}' for n in ('hydra-core', 'omegaconf')))")
+	$(BIN)/pip wheel -q --no-deps -w .whl \
+	  antlr4-python3-runtime==$$($(BIN)/python -c "import importlib.metadata as m; print(m.version('antlr4-python3-runtime'))")
+	@ls .whl
 
 sweep: $(STAMP) ## multirun an experiment: make sweep EXP=seeds ARGS='trainer.max_steps=100'
 	$(BIN)/python -m altgrad.train -m experiment=$(EXP) $(ARGS)
