@@ -314,3 +314,23 @@ def test_storage_rounding_in_one_native_call_equals_the_eager_road(kind: str, po
         a, b = native_q.project_(w.clone(), rounding, seed=step), eager_q.project_(w.clone(), rounding, seed=step)
         assert_same_bits(a.reshape(-1), b.reshape(-1).numpy(), what=f"{kind} pow2={pow2} {rounding} step {step}")
         assert all(torch.equal(p, q) for p, q in zip(native_q.buffers(), eager_q.buffers()))
+
+
+@pytest.mark.slow
+@needs_native
+def test_flip_counts_past_two_to_the_24_are_the_float32_sums() -> None:
+    """A tensor tracked whole can hold more than 2^24 weights; the native kernel counts in integers and gives the
+    float32 sum of that many ones in order (it stops at 2^24), as the eager index_add_ does."""
+    from altgrad.diagnostics.flip_counts import segment_sums
+
+    n = (1 << 24) + 5
+    q_before = torch.zeros(n)
+    q_after = torch.ones(n)                        # every weight flips, upwards
+    intended = torch.ones(n)
+    last = torch.full((n,), -1, dtype=torch.int8)  # ... against its last flip: every flip reverses
+    segments = torch.zeros(n, dtype=torch.int64)
+    ref_sums, ref_last = segment_sums(q_before, q_after, intended, last, segments, 1)
+    sums, new_last = native.flip_sums(native.kernel(), q_before, q_after, intended, last, torch.tensor([0, n]))
+    assert ref_sums[0, :3].tolist() == [float(1 << 24)] * 3   # the float32 sums stop at 2^24
+    assert_same_bits(sums.reshape(-1), ref_sums.reshape(-1).numpy(), what="flip sums past 2^24")
+    assert torch.equal(new_last, ref_last)
