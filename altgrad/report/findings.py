@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from altgrad.report.benefit import Benefit
 from altgrad.report.cells import Cell, describe, varying_fields
 from altgrad.report.endpoint import Contrast
-from altgrad.report.ladder import Ladder, Recovered, ladder, recovery
+from altgrad.report.ladder import Ladder, Recovered, Rung, ladder, recovery
 from altgrad.report.load import STATES, Sweep
 from altgrad.report.order import FORMAT_ORDER, REFERENCE_FORMATS, exponent_bits, mantissa_bits, rank
 from altgrad.report.stages import FormatAttribution
@@ -510,13 +510,26 @@ def ladder_lines(lad: Ladder | None) -> list[str]:
     parts = []
     for fmt in lad.formats:
         rungs = [r for r in lad.rungs if r.format == fmt and r.deltas]
+        testable = [r for r in rungs if len(r.deltas) >= 2]  # one seed pair has no test: its Δ is not judged
         first = lad.failing(fmt)
+
+        def untested(before: Rung | None = None) -> str:
+            until = next(i for i, r in enumerate(rungs) if r is before) if before is not None else len(rungs)
+            shown = [r for r in rungs[:until] if len(r.deltas) < 2]
+            if not shown:
+                return ""
+            return ((" — before it, one seed pair only, not judged: " if before is not None
+                     else " — one seed pair only, not judged: ")
+                    + ", ".join(f"{r.arm} (Δ {r.vs_reference.mean:+.4f})" for r in shown))
+
         if not rungs:
             parts.append(f"{fmt}: no stage has runs paired with the reference yet")
+        elif first is None and not testable:
+            parts.append(f"{fmt}: no stage has two seed pairs yet" + untested())
         elif first is None:
-            top = max(rungs, key=lambda r: r.vs_reference.mean or 0.0)
-            parts.append(f"{fmt}: no stage run fails ({len(rungs)} stage(s) run; largest Δ "
-                         f"{top.vs_reference.mean:+.4f} at {top.arm}, Holm p = {top.p_adjusted:.3g})")
+            top = max(testable, key=lambda r: r.vs_reference.mean or 0.0)
+            parts.append(f"{fmt}: no stage fails ({len(testable)} stage(s) with two or more seed pairs; largest Δ "
+                         f"{top.vs_reference.mean:+.4f} at {top.arm}, Holm p = {top.p_adjusted:.3g})" + untested())
         else:
             ci = first.vs_reference.ci()
             step = first.vs_previous
@@ -524,7 +537,7 @@ def ladder_lines(lad: Ladder | None) -> list[str]:
                          f"{_ci(ci)}, Holm p = {first.p_adjusted:.3g}"
                          + (f", {first.failures} of {first.runs} runs failed" if first.failures else "")
                          + (f"; its step over the stage before: {step.mean:+.4f}, 95% CI {_ci(step.ci())}"
-                            if step.mean is not None else "") + ")")
+                            if step.mean is not None else "") + ")" + untested(first))
     out = [lines[0] + " " + "; ".join(parts) + "."]
     if lad.problems:
         out.append("**The ladder's runs do not separate its stages, so no stage above can be attributed:** "

@@ -252,7 +252,7 @@ def test_ladder_names_the_failing_stage_per_format() -> None:
     (line,) = ladder_lines(lad)
     assert f"e4m3 first fails at **stage_wag_rn** (Δ = {e4.vs_reference.mean:+.4f}" in line
     assert e4.vs_reference.mean == pytest.approx(0.3, abs=0.01) and "e7m0 first fails at **stage_w** (" in line
-    assert "e0m7: no stage run fails" in line
+    assert "e0m7: no stage fails (2 stage(s) with two or more seed pairs" in line
 
 
 def _layer_map(input_: bool, grad: bool) -> dict[str, Any]:
@@ -392,3 +392,19 @@ def test_the_ladder_curves_are_one_line_per_rung_with_the_reference_in_every_pan
     assert all(g.dashed and g.label == "fp32 stage_w (reference)" for g in reference)
     assert all(j.format == "fp32" for g in reference for j in g.jobs)
     assert ladder_curves(run(study(PLANTED, seeds=2))) == []  # no ladder declared runs: no lines
+
+
+def test_a_rung_with_one_seed_pair_is_named_not_judged() -> None:
+    """One seed pair has no test: such a rung is never summed up as 'no stage fails', and a failing stage above one
+    says that a stage before it is not judged yet."""
+    from altgrad.report.findings import ladder_lines
+    from altgrad.report.ladder import ladder
+
+    jobs = [j for j in ladder_study()
+            if not (j.format == "e0m7" and j.arm == "stage_wag_rn" and j.seed > 1)      # e0m7's top rung: seed 1
+            and not (j.format == "e4m3" and j.arm == "stage_w" and j.seed > 1)]        # e4m3's first rung: seed 1
+    (line,) = ladder_lines(ladder(run(jobs)))
+    assert "e0m7: no stage fails (1 stage(s) with two or more seed pairs; largest Δ" in line
+    assert "at stage_w, Holm p = 1) — one seed pair only, not judged: stage_wag_rn (Δ +3." in line
+    assert "e4m3 first fails at **stage_wag_rn**" in line
+    assert "— before it, one seed pair only, not judged: stage_w (Δ " in line
