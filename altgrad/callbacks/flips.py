@@ -30,7 +30,7 @@ import torch
 from altgrad.callbacks.base import Instrument, backbone, mean, metric_name, quantized_weights
 from altgrad.diagnostics import ema_debiased, ema_update, segment_flip_counts, stall_ratio
 from altgrad.diagnostics.flip_counts import counts_from_sums
-from altgrad.quant import native, quantize_scaled
+from altgrad.quant import changes, native, quantize_scaled
 from altgrad.quant.compiled import fused
 from altgrad.quant.fake_quant import kept_scale
 from altgrad.quant.layers import QuantLinear
@@ -94,6 +94,8 @@ class _Group:
     stepped: torch.Tensor | None = None  # the tracked weights read right after the optimizer step ...
     stepped_key: tuple | None = None     # ... and their weights' (version counter, storage) then
     spec_key: Any = field(default=None)
+    ones: list[torch.Tensor | None] | None = None  # each member's one-scale buffer, as of quantizer change count ...
+    ones_count: int = -1                            # ... this (in-place updates keep the buffers; changes.COUNT)
 
     def gather(self) -> torch.Tensor:
         return torch.cat([m.select(m.layer.weight.detach()) for m in self.members])
@@ -105,7 +107,9 @@ class _Group:
     def scales(self) -> torch.Tensor:
         """Each tracked weight's scale: one scale per tensor spread over its weights in one op (the common case),
         else tensor by tensor (channel and block scaling)."""
-        ones = [m.one_scale() for m in self.members]
+        if self.ones_count != changes.COUNT[0]:  # a buffer replaced or a spec changed moves the count
+            self.ones, self.ones_count = [m.one_scale() for m in self.members], changes.COUNT[0]
+        ones = self.ones
         if all(s is not None for s in ones):
             per_tensor = torch.stack(ones).to(self.sizes.device, torch.float32)  # one op for every tensor's scale
             # each weight's tensor number picks its scale: repeat_interleave(per_tensor, sizes)'s values,
@@ -136,6 +140,7 @@ class FlipCallback(Instrument):
         self._restored: dict[str, Any] = {}  # per-layer history from a checkpoint, applied once the groups exist
         self._hooks: list[Any] = []
         self._pending = False
+        self._seen_count = -1  # changes.COUNT when _stale last found every format as grouped
         self.latest: dict[str, dict[str, float]] = {}  # layer → last logged metrics (read by FallbackCallback)
         self._all_stall: list[float] = []
         self._all_flip: list[float] = []
@@ -188,9 +193,14 @@ class FlipCallback(Instrument):
         self._hooks = []
 
     def _stale(self) -> bool:
-        """True when a layer's weight format changed (e.g. a format fallback) since the groups were built."""
-        return any(g.spec_key[:2] != (m.layer.weight_q.spec.format, m.layer.weight_q.spec.overflow)
-                   for g in self.groups for m in g.members)
+        """True when a layer's weight format changed (e.g. a format fallback) since the groups were built; looked at
+        only when a quantizer changed since the last look (a new spec moves changes.COUNT)."""
+        if self._seen_count == changes.COUNT[0]:
+            return False
+        stale = any(g.spec_key[:2] != (m.layer.weight_q.spec.format, m.layer.weight_q.spec.overflow)
+                    for g in self.groups for m in g.members)
+        self._seen_count = -1 if stale else changes.COUNT[0]
+        return stale
 
     # -- per step ------------------------------------------------------------------------------------------------
     @torch.no_grad()
