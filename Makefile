@@ -22,6 +22,8 @@ GPU_JOBS ?= fp32,e4m3,e4m3 callbacks=none
 # dense bf16 FLOP/s of an H100 / H200 SXM, for the steady MFU (trainer=gpu's own default is an A100's)
 GPU_PEAK ?= 9.89e14
 PROFILE_DIR ?= outputs/profile-gpu-job/$(shell date +%Y%m%d-%H%M%S)
+# the jobs profile-gpu-job runs, in order (a fresh machine compiles for ≈ 8 min in all: split them over two calls)
+PROFILE_JOBS ?= bf16 e4m3_no_diagnostics e4m3
 # the GPU targets on a machine whose python3 lacks them: the wheels of `make gpu-wheels` (.whl/), installed into a
 # folder of their own first (where .whl/ is absent, nothing is installed)
 GPU_SITE = if [ -d .whl ]; then python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/altgrad-site \
@@ -62,11 +64,13 @@ bench-gpu-job: ## on a CUDA machine: the job bench on model=gpt_50m trainer=gpu 
 	  --markdown docs/benchmarks/job_gpu.md $(ARGS)
 
 profile-gpu-job: ## on a CUDA machine: where a step's time goes, bf16 vs e4m3 without and with diagnostics (step profile)
-	$(GPU_SITE) for job in "bf16:format=fp32" "e4m3_no_diagnostics:format=e4m3 callbacks=none" "e4m3:format=e4m3"; do \
-	  python3 -m altgrad.train trainer=gpu model=gpt_50m $${job#*:} logger=csv trainer.max_steps=300 \
+	$(GPU_SITE) for name in $(PROFILE_JOBS); do \
+	  case $$name in bf16) job="format=fp32";; e4m3_no_diagnostics) job="format=e4m3 callbacks=none";; \
+	    e4m3) job="format=e4m3";; *) echo "PROFILE_JOBS: unknown job '$$name'; valid: bf16 e4m3_no_diagnostics e4m3"; exit 2;; esac; \
+	  python3 -m altgrad.train trainer=gpu model=gpt_50m $$job logger=csv trainer.max_steps=300 \
 	    trainer.val_check_interval=300 trainer.initial_validation=false trainer.sample_tokens=0 \
 	    trainer.peak_flops=$(GPU_PEAK) +callbacks.step_profile._target_=altgrad.bench.step_profile.StepProfile \
-	    +callbacks.step_profile.start=100 hydra.run.dir=$(PROFILE_DIR)/$${job%%:*} $(ARGS) || exit 1; \
+	    +callbacks.step_profile.start=100 hydra.run.dir=$(PROFILE_DIR)/$$name $(ARGS) || exit 1; \
 	done; \
 	if [ -n "$$OUT" ]; then tar czf "$$OUT/profile-gpu-job.tgz" --exclude='*.ckpt' --exclude=wandb -C $(PROFILE_DIR) .; fi
 
