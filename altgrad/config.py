@@ -146,6 +146,9 @@ CPU_COMPILE_REFUSED = ("trainer.compile=true is off on the CPU (trainer.accelera
                        "trainer.compile=force compiles on the CPU anyway")
 COMPILE_CHOICES = (False, True, "force")
 """`trainer.compile`: false, true (refused on the CPU), force (compile on any accelerator)."""
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+"""`trainer.compile_mode`: torch.compile's ``mode``. reduce-overhead replays each compiled graph's kernels as one CUDA
+graph (a host-bound GPU step's launches), so it needs a CUDA GPU; max-autotune also benchmarks kernel choices."""
 
 
 # Lightning's SimpleProfiler (wall time per hook), AdvancedProfiler (cProfile) and PyTorchProfiler (torch.profiler's
@@ -171,6 +174,7 @@ class TrainerSchema:
     initial_validation: bool = MISSING
     deterministic: bool = MISSING
     compile: Any = MISSING  # false | true | force (COMPILE_CHOICES)
+    compile_mode: str = MISSING  # COMPILE_MODES
     matmul_precision: str = MISSING
     keep_freed_memory: bool = MISSING
     peak_flops: Optional[float] = MISSING
@@ -198,6 +202,13 @@ class TrainerSchema:
             raise ConfigError(f"trainer.compile={self.compile!r} is not valid; valid: false, true, force")
         if self.compile is True and self.accelerator == "cpu":
             raise ConfigError(CPU_COMPILE_REFUSED)
+        _choice("trainer.compile_mode", self.compile_mode, COMPILE_MODES)
+        if self.compile_mode != "default" and self.compile is False:
+            raise ConfigError(f"trainer.compile_mode={self.compile_mode} needs a compiled model; valid with "
+                              "trainer.compile=false: default (or set trainer.compile=true / force)")
+        if self.compile_mode == "reduce-overhead" and self.accelerator == "cpu":
+            raise ConfigError("trainer.compile_mode=reduce-overhead needs a CUDA GPU (CUDA graphs); valid on the CPU: "
+                              "default, max-autotune, max-autotune-no-cudagraphs")
 
 
 @dataclass

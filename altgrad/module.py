@@ -147,12 +147,14 @@ class AltGradModule(L.LightningModule):
         schedule: WarmupCosine,
         compile: bool = False,
         peak_flops: float | None = None,
+        compile_mode: str = "default",
     ) -> None:
         super().__init__()
         self.model = GPT(model_config)
         self.optimizer_cfg = dict(optimizer)
         self.schedule = schedule
         self.compile_model = compile
+        self.compile_mode = compile_mode
         self.peak_flops = peak_flops
         self.val_loss = MeanMetric(nan_strategy="disable")  # a NaN loss must show, not be dropped
         self.run_summary: dict[str, Any] = {"diagnostics": {}, "fallbacks": []}
@@ -167,7 +169,7 @@ class AltGradModule(L.LightningModule):
         # Lightning calls this after every callback's setup (so after Linear → QuantLinear surgery).
         # nn.Module.compile compiles in place: parameter names and module paths stay as in the plain model.
         if self.compile_model and getattr(self.model, "_compiled_call_impl", None) is None:
-            self.model.compile()
+            self.model.compile(mode=None if self.compile_mode == "default" else self.compile_mode)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         return self.model(idx)

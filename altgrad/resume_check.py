@@ -27,9 +27,11 @@ STATE_KEYS = ("seed", "model", "format", "layer_map", "quant.master", "quant.sto
 # Below STATE_KEYS, keys that say where data is cached or how it is loaded, not what it is, or how a run is named;
 # quant.kernel: how quantizer calls run (every road gives the same bits).
 NOT_STATE = ("data.cache_dir", "data.num_workers", "format.label", "quant.kernel")
-# Keys added after records were written, with the value a record without them ran (optimizer.kernel: the compiled
-# step was the only one outside tests); a stored config lacking them compares as if it had that value.
-LATER_KEYS = {"optimizer.kernel": ("compiled", ("ManifoldAdamW", "RelativeAdamW", "GridOptim"))}
+# Keys added after records were written, with the value a record without them ran and the optimizers it applies to
+# (None: every run; optimizer.kernel: the compiled step was the only one outside tests; trainer.compile_mode:
+# torch.compile's default mode); a stored config lacking them compares as if it had that value.
+LATER_KEYS = {"optimizer.kernel": ("compiled", ("ManifoldAdamW", "RelativeAdamW", "GridOptim")),
+              "trainer.compile_mode": ("default", None)}
 # Values that run the same arithmetic, compared as one: the native step and ``auto`` (native or compiled) give the
 # compiled step's bits (tests/optim/test_native_step.py); ``eager`` differs in float32 rounding.
 SAME_BITS = {"optimizer.kernel": {"auto": "compiled", "native": "compiled"}}
@@ -64,7 +66,7 @@ def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
         if not prefix:
             target = str(out.get("optimizer._target_", "")).rsplit(".", 1)[-1]
             for key, (value, targets) in LATER_KEYS.items():
-                if key not in out and target in targets:
+                if key not in out and (targets is None or target in targets):
                     out[key] = value
             for key, same in SAME_BITS.items():
                 if key in out and out[key] in same:

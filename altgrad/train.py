@@ -184,7 +184,8 @@ def build_module(run: RunConfig, vocab_size: int) -> AltGradModule:
     gpt = GPTConfig(**shape | {"vocab_size": run.model.vocab_size or vocab_size})
     schedule = WarmupCosine(run.schedule.warmup_steps, run.decay_steps, run.schedule.min_lr_ratio)
     optimizer = OmegaConf.to_container(run.composed.optimizer, resolve=True)
-    return AltGradModule(gpt, optimizer, schedule, compile=run.trainer.compile, peak_flops=run.trainer.peak_flops)
+    return AltGradModule(gpt, optimizer, schedule, compile=run.trainer.compile, peak_flops=run.trainer.peak_flops,
+                         compile_mode=run.trainer.compile_mode)
 
 
 # --- summary -----------------------------------------------------------------------------------------------------

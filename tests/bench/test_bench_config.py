@@ -227,6 +227,11 @@ def test_format_names_are_the_presets_plus_fp32_and_every_format_option_is_one(t
      "optimizer.kernel='native' is invalid: expected compiled or eager for optimizer=grid"),
     ("trainer.compile=true", "trainer.compile=true is off on the CPU"),
     ("trainer.compile=maybe", "trainer.compile='maybe' is not valid; valid: false, true, force"),
+    ("trainer.compile=force trainer.compile_mode=fast", "trainer.compile_mode='fast' is not valid; valid: default, "
+     "reduce-overhead, max-autotune, max-autotune-no-cudagraphs"),
+    ("trainer.compile_mode=max-autotune", "trainer.compile_mode=max-autotune needs a compiled model"),
+    ("trainer.compile=force trainer.compile_mode=reduce-overhead",
+     "trainer.compile_mode=reduce-overhead needs a CUDA GPU (CUDA graphs)"),
 ])
 def test_implementation_choices_are_config_checked_in_one_line(tmp_path: Path, override: str, expected: str) -> None:
     cfg = compose_cfg(tmp_path, *override.split())
@@ -259,6 +264,25 @@ def test_implementation_choices_default_to_what_make_train_runs(tmp_path: Path) 
                            ("grid", "compiled"), ("grid_real", "compiled")):
         assert validate(compose_cfg(tmp_path, f"optimizer={option}", "quant.master=none")).optimizer.kernel == kernel
     assert validate(compose_cfg(tmp_path, "trainer.compile=force")).trainer.compile == "force"
+    assert validate(compose_cfg(tmp_path)).trainer.compile_mode == "default"
+    gpu = validate(compose_cfg(tmp_path, "trainer=gpu", "trainer.compile_mode=reduce-overhead")).trainer
+    assert (gpu.compile, gpu.compile_mode) == (True, "reduce-overhead")
+
+
+def test_the_compile_mode_reaches_torch_compile(monkeypatch: pytest.MonkeyPatch) -> None:
+    """trainer.compile_mode is the ``mode`` the module compiles its GPT with (default: torch's own, mode=None)."""
+    from altgrad.model import GPT, GPTConfig
+    from altgrad.module import AltGradModule, WarmupCosine
+
+    seen: list = []
+    monkeypatch.setattr(GPT, "compile", lambda self, **kwargs: seen.append(kwargs))
+    cfg = GPTConfig(block_size=8, vocab_size=16, n_layer=1, n_head=1, n_embd=8)
+    for mode, expected in (("default", None), ("max-autotune-no-cudagraphs", "max-autotune-no-cudagraphs")):
+        module = AltGradModule(cfg, {"name": "adamw"}, WarmupCosine(0, 10, 0.1), compile=True, compile_mode=mode)
+        module.configure_model()
+        assert seen.pop() == {"mode": expected}
+    AltGradModule(cfg, {"name": "adamw"}, WarmupCosine(0, 10, 0.1), compile=False).configure_model()
+    assert seen == []  # not compiled at all
 
 
 def test_defaults_validate(tmp_path: Path) -> None:
@@ -343,8 +367,11 @@ def test_records_from_before_the_kernel_keys_resume_and_skip_as_before(tmp_path:
 
     current = OmegaConf.to_container(compose_cfg(tmp_path, "optimizer=manifold"), resolve=True)
     old = copy.deepcopy(current)
-    del old["quant"]["kernel"], old["optimizer"]["kernel"]
+    del old["quant"]["kernel"], old["optimizer"]["kernel"], old["trainer"]["compile_mode"]
     assert identity_differences(old, current) == [] and state_differences(old, current) == []
+    other_mode = copy.deepcopy(current)  # a mode compiles other kernels: another configuration
+    other_mode["trainer"]["compile_mode"] = "max-autotune"
+    assert identity_differences(other_mode, current) == ["trainer.compile_mode: 'max-autotune' → 'default'"]
     other_road = copy.deepcopy(current)
     other_road["quant"]["kernel"] = "eager"
     assert identity_differences(other_road, current) == [] and state_differences(other_road, current) == []
