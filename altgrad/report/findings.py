@@ -497,6 +497,15 @@ def control_lines(result: StudyResult) -> list[str]:
     return lines
 
 
+def _untested(rungs: list[Rung], before: Rung | None = None) -> str:
+    """The rungs (before ``before``, else all) with one seed pair: no test, so named with their Δ and not judged."""
+    shown = [r for r in rungs[:rungs.index(before) if before is not None else len(rungs)] if len(r.deltas) < 2]
+    if not shown:
+        return ""
+    lead = " — before it, one seed pair only" if before is not None else " — one seed pair only"
+    return lead + ", not judged: " + ", ".join(f"{r.arm} (Δ {r.vs_reference.mean:+.4f})" for r in shown)
+
+
 def ladder_lines(lad: Ladder | None) -> list[str]:
     """Where each format fails on the declared ladder: its first rung whose Δ exceeds the margin significantly."""
     if lad is None:
@@ -512,24 +521,15 @@ def ladder_lines(lad: Ladder | None) -> list[str]:
         rungs = [r for r in lad.rungs if r.format == fmt and r.deltas]
         testable = [r for r in rungs if len(r.deltas) >= 2]  # one seed pair has no test: its Δ is not judged
         first = lad.failing(fmt)
-
-        def untested(before: Rung | None = None) -> str:
-            until = next(i for i, r in enumerate(rungs) if r is before) if before is not None else len(rungs)
-            shown = [r for r in rungs[:until] if len(r.deltas) < 2]
-            if not shown:
-                return ""
-            return ((" — before it, one seed pair only, not judged: " if before is not None
-                     else " — one seed pair only, not judged: ")
-                    + ", ".join(f"{r.arm} (Δ {r.vs_reference.mean:+.4f})" for r in shown))
-
         if not rungs:
             parts.append(f"{fmt}: no stage has runs paired with the reference yet")
         elif first is None and not testable:
-            parts.append(f"{fmt}: no stage has two seed pairs yet" + untested())
+            parts.append(f"{fmt}: no stage has two seed pairs yet" + _untested(rungs))
         elif first is None:
             top = max(testable, key=lambda r: r.vs_reference.mean or 0.0)
             parts.append(f"{fmt}: no stage fails ({len(testable)} stage(s) with two or more seed pairs; largest Δ "
-                         f"{top.vs_reference.mean:+.4f} at {top.arm}, Holm p = {top.p_adjusted:.3g})" + untested())
+                         f"{top.vs_reference.mean:+.4f} at {top.arm}, Holm p = {top.p_adjusted:.3g})"
+                         + _untested(rungs))
         else:
             ci = first.vs_reference.ci()
             step = first.vs_previous
@@ -537,7 +537,7 @@ def ladder_lines(lad: Ladder | None) -> list[str]:
                          f"{_ci(ci)}, Holm p = {first.p_adjusted:.3g}"
                          + (f", {first.failures} of {first.runs} runs failed" if first.failures else "")
                          + (f"; its step over the stage before: {step.mean:+.4f}, 95% CI {_ci(step.ci())}"
-                            if step.mean is not None else "") + ")" + untested(first))
+                            if step.mean is not None else "") + ")" + _untested(rungs, first))
     out = [lines[0] + " " + "; ".join(parts) + "."]
     if lad.problems:
         out.append("**The ladder's runs do not separate its stages, so no stage above can be attributed:** "
