@@ -4,7 +4,7 @@ small-step recipe.
 
     python -m altgrad.bench job [--rounds 3] [--steps 300] [--small-steps 1000] [--threads default,1]
                                 [--recipes default,small] [--only NAME,...] [--set KEY=VALUE ...]
-                                [--markdown PATH] [--keep DIR] [--no-calls] [--note TEXT]
+                                [--markdown PATH] [--record PATH] [--keep DIR] [--no-calls] [--note TEXT]
 
 ``python -m altgrad.bench job --markdown docs/benchmarks/job.md`` regenerates the whole page.
 
@@ -14,7 +14,10 @@ default job, ``--steps`` steps of 16 × 128 tokens) or ``small`` (block 64, batc
 char-level CPU recipe of issue 31: lr 1e-3, warm-up 100, cosine to 1e-4, ``--small-steps`` steps), with torch's
 default threads (``OMP_NUM_THREADS`` unset: what ``make train`` gets) or one (``OMP_NUM_THREADS=1``). One round runs
 every configuration of every setting once, in an order rotated every round so drift on a shared machine hits them
-alike; the tables give medians over rounds with their spread. Columns:
+alike; the tables give medians over rounds with their spread, and each target is judged on the per-round paired
+ratios (``altgrad.bench.paired``: met or missed only when the 95 % interval clears the bound). ``--record`` keeps
+every finished job (``altgrad.bench.job_record``), so a stopped bench goes on and rounds from several quiet sittings
+pool. Columns:
 
 - wall: the whole process, launch to exit (for a sweep's second job: from the first job's end of training to the
   sweep's exit, i.e. what one more job adds to a sweep);
@@ -36,6 +39,7 @@ cost from ``python -m altgrad.bench calls`` (unless ``--no-calls``).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -46,8 +50,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from altgrad.bench import job_record
+from altgrad.bench.paired import Judgement, combine, judge, settle_text
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -133,14 +141,33 @@ class Sample:
     validation: float | None
     after_fit: float | None
     steady_mfu: float | None = None  # with trainer.peak_flops set (the GPU presets)
+    round: int = 0  # the round it ran in: ratios pair samples of the same round
 
 
 @dataclass
 class Results:
-    """Samples and per-round wall ratios to the fp32 job, by configuration name (one setting)."""
+    """Samples by configuration name (one setting), each knowing its round."""
 
     samples: dict[str, list[Sample]] = field(default_factory=dict)
-    ratios: dict[str, list[float]] = field(default_factory=dict)
+
+    def pairs(self, name: str, base: str, ratio: Callable[[Sample, Sample], float | None]) -> list[float | None]:
+        """``ratio(sample, base_sample)`` for every round in which both configurations ran."""
+        by_round = {b.round: b for b in self.samples.get(base, [])}
+        return [ratio(a, by_round[a.round]) for a in self.samples.get(name, []) if a.round in by_round]
+
+
+def _wall_ratio(a: Sample, base: Sample) -> float:
+    return a.wall / base.wall
+
+
+def _slowdown(a: Sample, base: Sample) -> float | None:
+    """The base's steady tokens/s over this sample's (a slowdown, like the wall ratio)."""
+    return base.steady_tps / a.steady_tps if a.steady_tps and base.steady_tps else None
+
+
+def _share(a: Sample, base: Sample) -> float | None:
+    """This sample's steady tokens/s over the base's."""
+    return a.steady_tps / base.steady_tps if a.steady_tps and base.steady_tps else None
 
 
 def _launch(job: Job, out: Path, steps: int, extra: list[str]) -> tuple[list[str], Path]:
@@ -199,43 +226,56 @@ def _fmt(value: float | None, spec: str) -> str:
     return "–" if value is None else format(value, spec)
 
 
-def verdict(bound: float | None, *ratios: float | None, at_least: bool = False) -> str:
-    """'met' / 'missed' for ratios that must all be <= bound (>= with ``at_least``); '' without a bound."""
-    if bound is None:
-        return ""
-    if any(r is None for r in ratios):
-        return "unmeasured"
-    ok = all((r >= bound) if at_least else (r <= bound) for r in ratios)
-    return "met" if ok else "missed"
-
-
 @dataclass
 class Row:
-    """One configuration's medians in one setting."""
+    """One configuration's medians in one setting, and its target's judgements on the per-round paired ratios."""
 
     job: Job
     wall: float | None
     spread: str
-    wall_ratio: float | None
+    wall_ratio: float | None  # median of the per-round wall ratios to the fp32 job
     warmup: float | None
     tps: float | None
-    slowdown: float | None  # the fp32 job's steady tokens/s over this one's
-    of_plain: float | None  # this one's steady tokens/s over the plain loop's (fp32 only)
+    slowdown: float | None  # the fp32 job's steady tokens/s over this one's (medians)
+    of_plain: float | None  # this one's steady tokens/s over the plain loop's (fp32 only; medians)
     mfu: float | None = None  # steady MFU (median), where the jobs had a peak to divide by
     gpu: bool = False  # measured on a GPU: only GPU_TARGET applies
+    judged: tuple[Judgement, ...] = ()  # the ratios its target applies to, judged against the bound
 
     def check(self) -> tuple[str, str]:
         """(the target as text, its verdict) for this row; ('', '') where none applies."""
+        if not self.judged:
+            return "", ""
         if self.gpu:
-            if self.job.name != GPU_TARGETED:
-                return "", ""
-            share = None if self.slowdown is None else 1 / self.slowdown
-            return f"tok/s ≥ {GPU_TARGET:.2f} × fp32", verdict(GPU_TARGET, share, at_least=True)
+            return f"tok/s ≥ {GPU_TARGET:.2f} × fp32", combine(*self.judged)
         if self.job.name == BASE:
-            return f"tok/s ≥ {PLAIN_TARGET:.2f} × plain loop", verdict(PLAIN_TARGET, self.of_plain, at_least=True)
-        if self.job.target is not None:
-            return f"≤ {self.job.target:.2f} ×", verdict(self.job.target, self.wall_ratio, self.slowdown)
-        return "", ""
+            return f"tok/s ≥ {PLAIN_TARGET:.2f} × plain loop", combine(*self.judged)
+        return f"≤ {self.job.target:.2f} ×", combine(*self.judged)
+
+    def evidence(self) -> str:
+        """The judged ratios with their 95 % intervals, the verdict, and for an unsettled one what would settle it."""
+        ok = self.check()[1]
+        if self.gpu or self.job.name == BASE:
+            text = f"{self.judged[0].text()} ×"
+        else:
+            text = f"wall {self.judged[0].text()}, tok/s {self.judged[1].text()}"
+        return f"{text}: {ok}" + (f" ({settle_text(*self.judged)})" if ok == "unsettled" else "")
+
+
+def _judged(results: Results, job: Job, gpu: bool) -> tuple[Judgement, ...]:
+    """The per-round ratios this configuration's target applies to, judged (none where no target applies)."""
+    if gpu:
+        if job.name != GPU_TARGETED:
+            return ()
+        return (judge(results.pairs(job.name, BASE, _share), GPU_TARGET, at_least=True),)
+    if job.name == BASE:
+        if REFERENCE not in results.samples:
+            return ()
+        return (judge(results.pairs(BASE, REFERENCE, _share), PLAIN_TARGET, at_least=True),)
+    if job.target is None:
+        return ()
+    return (judge(results.pairs(job.name, BASE, _wall_ratio), job.target),
+            judge(results.pairs(job.name, BASE, _slowdown), job.target))
 
 
 def rows(results: Results, jobs: list[Job], gpu: bool = False) -> list[Row]:
@@ -249,10 +289,10 @@ def rows(results: Results, jobs: list[Job], gpu: bool = False) -> list[Row]:
             continue
         tps = _median([s.steady_tps for s in samples])
         out.append(Row(job, _median([s.wall for s in samples]), _spread([s.wall for s in samples]),
-                       _median(results.ratios.get(job.name, [])), _median([s.warmup for s in samples]), tps,
+                       _median(results.pairs(job.name, BASE, _wall_ratio)), _median([s.warmup for s in samples]), tps,
                        base_tps / tps if tps and base_tps else None,
                        tps / ref_tps if job.name == BASE and tps and ref_tps else None,
-                       _median([s.steady_mfu for s in samples]), gpu))
+                       _median([s.steady_mfu for s in samples]), gpu, _judged(results, job, gpu)))
     return out
 
 
@@ -283,35 +323,25 @@ def table(results: Results, jobs: list[Job], markdown: bool = False, gpu: bool =
 
 
 def targets_table(results: dict[Setting, Results], jobs: list[Job], markdown: bool = False, gpu: bool = False) -> str:
-    """Every target (rows) in every setting (columns): the ratios it applies to and the verdict."""
+    """Every target (rows) in every setting (columns): the paired ratios it applies to (geometric mean over rounds,
+    95 % interval) and the verdict."""
     settings = list(results)
     head = ["target (issue 31)"] + [s.label for s in settings]
     body = []
     by_setting = {s: {r.job.name: r for r in rows(results[s], jobs, gpu)} for s in settings}
-    if gpu:
-        line = []
-        for s in settings:
-            r = by_setting[s].get(GPU_TARGETED)
-            share = None if r is None or r.slowdown is None else 1 / r.slowdown
-            line.append("not run" if r is None else f"{_fmt(share, '.3f')} ×: {r.check()[1]}")
-        return _grid(head, [[f"`{GPU_TARGETED}` (quantized bf16) steady tok/s ≥ {GPU_TARGET:.2f} × the fp32 (bf16) "
-                             "job's", *line]], markdown)
     for job in jobs:
-        if job.name != BASE and job.target is None:
+        if gpu and job.name != GPU_TARGETED or not gpu and job.name != BASE and job.target is None:
             continue
         line = []
         for s in settings:
             r = by_setting[s].get(job.name)
-            if r is None:
-                line.append("not run")
-                continue
-            _, ok = r.check()
-            if job.name == BASE:
-                line.append(f"{_fmt(r.of_plain, '.3f')} ×: {ok}")
-            else:
-                line.append(f"wall {_fmt(r.wall_ratio, '.3f')}, tok/s {_fmt(r.slowdown, '.3f')}: {ok}")
-        what = (f"fp32 job's steady tok/s ≥ {PLAIN_TARGET:.2f} × the plain loop's" if job.name == BASE
-                else f"`{job.name}` ≤ {job.target:.2f} × fp32 (wall and tok/s)")
+            line.append("not run" if r is None or not r.judged else r.evidence())
+        if gpu:
+            what = f"`{GPU_TARGETED}` (quantized bf16) steady tok/s ≥ {GPU_TARGET:.2f} × the fp32 (bf16) job's"
+        elif job.name == BASE:
+            what = f"fp32 job's steady tok/s ≥ {PLAIN_TARGET:.2f} × the plain loop's"
+        else:
+            what = f"`{job.name}` ≤ {job.target:.2f} × fp32 (wall and tok/s)"
         body.append([what, *line])
     return _grid(head, body, markdown)
 
@@ -333,8 +363,8 @@ def _load() -> str:
         return "unknown"
 
 
-def machine() -> str:
-    """One line: CPU model, cores, memory, Python, torch and the commit measured."""
+def hardware() -> str:
+    """The CPU model, its count and the memory: what a timing depends on besides the code."""
     cpu = platform.processor() or platform.machine()
     try:
         cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
@@ -345,13 +375,25 @@ def machine() -> str:
         mem = f"{os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB"
     except (ValueError, OSError, AttributeError):
         mem = "memory unknown"
-    versions = subprocess.run([sys.executable, "-c", "import torch, lightning; print(torch.__version__, "
-                               "lightning.__version__, torch.get_num_threads())"], capture_output=True, text=True)
-    torch_v, lightning_v, threads = (versions.stdout.split() + ["?"] * 3)[:3]
+    return f"{cpu}, {os.cpu_count()} CPUs, {mem}"
+
+
+def _versions() -> tuple[str, str, str]:
+    """torch's and Lightning's versions and torch's default thread count, as a job's process sees them."""
+    proc = subprocess.run([sys.executable, "-c", "import torch, lightning; print(torch.__version__, "
+                           "lightning.__version__, torch.get_num_threads())"], capture_output=True, text=True)
+    torch_v, lightning_v, threads = (proc.stdout.split() + ["?"] * 3)[:3]
+    return torch_v, lightning_v, threads
+
+
+def machine() -> str:
+    """One line: CPU model, cores, memory, Python, torch and the commit measured."""
+    torch_v, lightning_v, threads = _versions()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
     dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True,
                            text=True).stdout.strip()
-    return (f"{cpu}, {os.cpu_count()} CPUs (torch's default: {threads} threads), {mem}; Python "
+    cpu, cpus, mem = hardware().rsplit(", ", 2)
+    return (f"{cpu}, {cpus} (torch's default: {threads} threads), {mem}; Python "
             f"{platform.python_version()}, torch {torch_v}, Lightning {lightning_v}; commit "
             f"{commit.stdout.strip() or 'unknown'}{' with local changes' if dirty else ''}")
 
@@ -380,9 +422,12 @@ Every configuration is one `python -m altgrad.train` subprocess (default diagnos
 16 × 128 tokens a step) and the small-step recipe (block 64, batch 12 = 768 tokens a step, lr 1e-3, warm-up 100,
 cosine to 1e-4, on the embedded corpus: issue 31's char-level CPU recipe); default threads: `OMP_NUM_THREADS` unset,
 what `make train` gets. One round runs every configuration of every setting once, in an order rotated every round;
-the tables give medians over {rounds} round(s), the spread of the wall times,
+the setting tables give medians over {rounds} round(s), the spread of the wall times,
 and two ratios to the fp32 job of the same setting: whole-process wall (median of per-round ratios) and
-steady tokens/s (the fp32 job's over this one's, so both are slowdowns). The run records where its time goes
+steady tokens/s (the fp32 job's over this one's, so both are slowdowns). **Targets are judged on the per-round
+paired ratios**: their geometric mean with a 95 % Student-t interval over rounds (log scale); a target is *met* or
+*missed* only when the whole interval lies on one side of its bound, and otherwise *unsettled*, with roughly how many
+rounds would settle it at today's mean and spread. {record} The run records where its time goes
 (`summary.json["timing"]`, `altgrad.module.JobClock`). The `plain PyTorch loop` row is
 `altgrad/bench/_reference_loop.py`: the same GPT, data windows, batch, AdamW groups, schedule, clip and validation
 cadence as a nanoGPT-style loop (forward, backward, clip, AdamW step; no Lightning, logger, callbacks, checkpoints).
@@ -410,8 +455,11 @@ def page(results: dict[Setting, Results], jobs: list[Job], args: argparse.Namesp
     """The whole of docs/benchmarks/job.md (or, with ``--set trainer=gpu``, its GPU twin)."""
     gpu = gpu_mode(args.set)
     settings = "; ".join(f"{s.label} ({s.steps} steps)" for s in results)
+    record = ("" if args.record is None else
+              f"Every job's numbers are in `{args.record}` (one JSON line each); rounds measured in several sittings "
+              "of the same code, machine and overrides pool there, and rerunning the command goes on where it stopped.")
     parts = [PAGE_INTRO.format(minutes=f"{minutes:.0f}", command=command, n_settings=len(results), settings=settings,
-                               rounds=args.rounds),
+                               rounds=args.rounds, record=record),
              *([GPU_NOTE.format(targeted=GPU_TARGETED, target=GPU_TARGET), ""] if gpu else []),
              *([f"**{args.note}**", ""] if args.note else []),
              f"Machine: {machine()}. Run {time.strftime('%Y-%m-%d')}; load average (1/5/15 min) {loads[0]} before, "
@@ -445,6 +493,22 @@ def _threads(text: str) -> list[int | None]:
     return out
 
 
+def pool(entries: list[dict], results: dict[Setting, Results], jobs: list[Job],
+         rounds: int) -> set[tuple[Setting, str, int]]:
+    """Put a record's entries of these settings, configurations and first ``rounds`` rounds into ``results``; the
+    (setting, configuration, round) triples they cover need not run again."""
+    known = {(s.recipe, s.steps, s.threads): s for s in results}
+    names = {j.name for j in jobs}
+    done: set[tuple[Setting, str, int]] = set()
+    for e in entries:
+        setting = known.get((e["setting"]["recipe"], e["setting"]["steps"], e["setting"]["threads"]))
+        if setting is None or e["job"] not in names or e["round"] >= rounds or (setting, e["job"], e["round"]) in done:
+            continue
+        results[setting].samples.setdefault(e["job"], []).append(Sample(**e["sample"]))
+        done.add((setting, e["job"], e["round"]))
+    return done
+
+
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="python -m altgrad.bench job", description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3, help="rounds of every configuration (median over them)")
@@ -461,6 +525,10 @@ def main(argv: list[str]) -> None:
                         help="an override added to every job (repeatable), e.g. --set data.batch_size=12")
     parser.add_argument("--markdown", type=Path, default=None, help="write the whole page (docs/benchmarks/job.md)")
     parser.add_argument("--keep", type=Path, default=None, help="keep the jobs' run dirs under this folder")
+    parser.add_argument("--record", type=Path, default=None,
+                        help="append every finished job to this JSON-lines file and pool the rounds already in it "
+                             "(same code, machine and --set): --rounds is then the total, and a stopped bench goes on "
+                             "where it stopped")
     parser.add_argument("--no-calls", action="store_true", help="leave the per-call micro-bench off the page")
     parser.add_argument("--note", default=None, help="a line printed in bold under the page's introduction (e.g. "
                                                       "how loaded the machine was)")
@@ -500,24 +568,38 @@ def main(argv: list[str]) -> None:
           f"{os.cpu_count()} CPUs, load average {load_before} (1/5/15 min); extra overrides: {args.set or 'none'}",
           flush=True)
     results = {s: Results() for s in settings}
+    key = record = None
+    done: set[tuple[Setting, str, int]] = set()
+    if args.record is not None:
+        record = args.record
+        key = job_record.make_key(REPO, args.set, hardware(), " ".join(_versions()[:2]))
+        entries, other = job_record.load(record, key)
+        done = pool(entries, results, jobs, args.rounds)
+        print(f"record {record}: {len(done)} of {len(jobs) * len(settings) * args.rounds} jobs already measured "
+              f"for this code, machine and overrides ({other} other line(s) left out)", flush=True)
     try:
         for r in range(args.rounds):
             for k, setting in enumerate(settings):
                 shift = (r + k) % len(jobs)
                 order = jobs[shift:] + jobs[:shift]
-                walls: dict[str, float] = {}
                 extra = [*RECIPES[setting.recipe], *args.set]
-                for job in order:
+                todo = [job for job in order if (setting, job.name, r) not in done]
+                for job in todo:
                     out = work / f"round{r}" / folder(setting.label) / folder(job.name)
-                    sample = run_job(job, out, setting.steps, extra, setting.env(env))
+                    sample = dataclasses.replace(run_job(job, out, setting.steps, extra, setting.env(env)), round=r)
                     results[setting].samples.setdefault(job.name, []).append(sample)
-                    walls[job.name] = sample.wall
+                    if record is not None:
+                        job_record.append(record, key, {"recipe": setting.recipe, "steps": setting.steps,
+                                                        "threads": setting.threads}, job.name, r, sample)
                     print(f"  round {r + 1}, {setting.label}: {job.name}: wall {sample.wall:.1f} s, warm-up "
                           f"{_fmt(sample.warmup, '.1f')} s, steady {_fmt(sample.steady_tps, '.0f')} tok/s", flush=True)
-                for name, wall in walls.items():
-                    results[setting].ratios.setdefault(name, []).append(wall / walls[BASE])
-                print(f"\n{setting.label}, medians over {r + 1} round(s):\n{table(results[setting], jobs, gpu=gpu)}\n",
-                      flush=True)
+                if todo:
+                    print(f"\n{setting.label}, medians over {r + 1} round(s):\n"
+                          f"{table(results[setting], jobs, gpu=gpu)}\n", flush=True)
+    except KeyboardInterrupt:
+        kept = f"; the finished jobs are in {record}: rerun the same command to go on" if record else \
+            " (without --record, nothing is kept)"
+        raise SystemExit(f"interrupted: the bench stopped before its {args.rounds} round(s){kept}") from None
     finally:
         if args.keep is None:
             shutil.rmtree(work, ignore_errors=True)

@@ -1,0 +1,145 @@
+"""Speed targets judged on paired per-round ratios (altgrad.bench.paired) and the job bench's raw record."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from altgrad.bench import job_record
+from altgrad.bench.job import Sample
+from altgrad.bench.paired import MAX_ROUNDS, combine, judge, settle_text
+
+T1 = 12.706204736174707  # Student t, 1 df, 97.5 % (tables)
+T2 = 4.302652729749464   # 2 df
+
+
+def test_interval_is_the_student_t_interval_of_the_log_ratios() -> None:
+    j = judge([1.1, 1.2], 1.30)
+    logs = [math.log(1.1), math.log(1.2)]
+    mean, se = sum(logs) / 2, abs(logs[1] - logs[0]) / 2  # sd/√2 of two values is half their distance
+    assert j.n == 2 and j.estimate == pytest.approx(math.sqrt(1.1 * 1.2))
+    assert j.ci == pytest.approx((math.exp(mean - T1 * se), math.exp(mean + T1 * se)), rel=1e-9)
+    assert j.verdict == "unsettled"  # the upper end, 4.3, is far above 1.30
+    j3 = judge([1.02, 1.03, 1.04], 1.10)
+    logs = [math.log(x) for x in (1.02, 1.03, 1.04)]
+    m = sum(logs) / 3
+    se = math.sqrt(sum((x - m) ** 2 for x in logs) / 2 / 3)
+    assert j3.ci == pytest.approx((math.exp(m - T2 * se), math.exp(m + T2 * se)), rel=1e-9)
+    assert j3.verdict == "met" and j3.rounds_needed is None
+    assert judge([1.20, 1.21, 1.22], 1.10).verdict == "missed"
+
+
+def test_one_round_or_none_cannot_carry_a_verdict() -> None:
+    one = judge([1.5], 1.10)
+    assert one.verdict == "unsettled" and one.ci is None and one.text() == "1.500"
+    assert settle_text(one) == "a second round gives the first interval"
+    assert judge([], 1.1).verdict == "unmeasured" and judge([None], 1.1).text() == "–"
+    assert combine(judge([None], 1.1), judge([1.0, 1.0], 1.1)) == "unmeasured"
+
+
+def test_a_target_on_two_ratios_is_missed_if_either_is_and_met_only_if_both_are() -> None:
+    met, missed, open_ = judge([1.0, 1.01], 1.10), judge([1.3, 1.31], 1.10), judge([1.0, 1.3], 1.10)
+    assert (met.verdict, missed.verdict, open_.verdict) == ("met", "missed", "unsettled")
+    assert combine(met, met) == "met" and combine(met, missed) == "missed" and combine(open_, missed) == "missed"
+    assert combine(met, open_) == "unsettled"
+    assert settle_text(met, open_) == f"≈ {open_.rounds_needed} rounds would settle it"
+
+
+def sample_with(mean: float, sd: float, n: int) -> list[float]:
+    """n log-ratios with exactly this mean and sample sd (±c pairs, plus the mean itself when n is odd)."""
+    half = n // 2
+    c = sd * math.sqrt((n - 1) / (2 * half))  # Σ(x − m)² = 2·half·c² = (n − 1)·sd²
+    return [mean + c] * half + [mean - c] * half + [mean] * (n % 2)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.floats(0.005, 0.3), st.floats(0.01, 0.3), st.sampled_from([1.05, 1.10, 1.15, 1.20]),
+       st.booleans())
+def test_rounds_to_settle_is_the_smallest_n_that_settles_todays_mean_and_spread(gap: float, sd: float, bound: float,
+                                                                               above: bool) -> None:
+    """Rounds with today's mean and sd, n of them, settle the target; n − 1 of them do not."""
+    mean = math.log(bound) + (gap if above else -gap)
+    today = judge([math.exp(x) for x in sample_with(mean, sd, 2)], bound)
+    n = today.rounds_needed
+    if today.verdict != "unsettled":
+        return
+    assert n is not None and n >= 2
+    if n > 60:  # beyond the exact search the rule uses t(59): a slight over-estimate, never an under-estimate
+        assert n > MAX_ROUNDS or judge([math.exp(x) for x in sample_with(mean, sd, n)], bound).verdict != "unsettled"
+        return
+    assert judge([math.exp(x) for x in sample_with(mean, sd, n)], bound).verdict == ("missed" if above else "met")
+    if n > 2:
+        assert judge([math.exp(x) for x in sample_with(mean, sd, n - 1)], bound).verdict == "unsettled"
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(0.5, 2.0), min_size=1, max_size=8), st.floats(0.7, 1.4))
+def test_a_slowdown_bound_and_the_matching_share_bound_agree(ratios: list[float], bound: float) -> None:
+    """Judging r ≤ b and 1/r ≥ 1/b is one question on the log scale: the same verdict and mirrored intervals."""
+    slow, share = judge(ratios, bound), judge([1 / r for r in ratios], 1 / bound, at_least=True)
+    assert slow.verdict == share.verdict
+    if slow.ci is not None and share.ci is not None:
+        assert slow.ci[0] == pytest.approx(1 / share.ci[1]) and slow.ci[1] == pytest.approx(1 / share.ci[0])
+
+
+def entry_sample(wall: float) -> Sample:
+    return Sample(wall, 1.0, 100.0, 0.5, 0.1, 2.0, 0.2, 0.3)
+
+
+def test_record_keeps_every_job_and_pools_only_its_own_key(tmp_path: Path) -> None:
+    path = tmp_path / "record.jsonl"
+    key = job_record.make_key(Path.cwd(), ["logger=csv"], "a CPU, 2 CPUs, 24 GiB", "2.13.0 2.5")
+    other = {**key, "sets": ["logger=csv", "model=gpt_50m"]}
+    setting = {"recipe": "small", "steps": 4, "threads": 1}
+    job_record.append(path, key, setting, "fp32", 0, entry_sample(10.0))
+    job_record.append(path, other, setting, "fp32", 0, entry_sample(99.0))
+    job_record.append(path, key, setting, "e4m3", 0, entry_sample(11.0))
+    entries, left_out = job_record.load(path, key)
+    assert left_out == 1 and [(e["job"], e["round"], e["sample"]["wall"]) for e in entries] == [
+        ("fp32", 0, 10.0), ("e4m3", 0, 11.0)]
+    assert Sample(**entries[1]["sample"]) == entry_sample(11.0)
+    assert job_record.load(tmp_path / "none.jsonl", key) == ([], 0)
+    assert set(key["code"]) == {"altgrad", "conf", "local_changes"}
+
+
+def test_a_damaged_record_line_stops_with_its_number(tmp_path: Path) -> None:
+    path = tmp_path / "record.jsonl"
+    key = {"code": {}, "sets": []}
+    job_record.append(path, key, {"recipe": "small", "steps": 4, "threads": None}, "fp32", 0, entry_sample(1.0))
+    with path.open("a") as f:
+        f.write('{"key": {"code": {}, "sets": []}, "job": "fp32"}\n')
+    with pytest.raises(SystemExit, match=r"line 2 is not a bench record entry \('setting, round, sample'\)"):
+        job_record.load(path, key)
+    path.write_text(path.read_text().splitlines()[0] + "\n{not json\n")
+    with pytest.raises(SystemExit, match="line 2 is not a bench record entry"):
+        job_record.load(path, key)
+    assert json.loads(path.read_text().splitlines()[0])["job"] == "fp32"
+
+
+def test_a_record_resumes_the_bench_where_it_stopped() -> None:
+    """Entries of the settings, configurations and rounds asked for are pooled and not run again; others (another
+    step count, a configuration not asked for, a round past --rounds, a duplicate) are left alone."""
+    from altgrad.bench.job import JOBS, Results, Setting, pool
+
+    small, default = Setting("small", 4, 1), Setting("default", 4, None)
+    results = {small: Results(), default: Results()}
+    jobs = [j for j in JOBS if j.name in ("fp32", "e4m3")]
+
+    def entry(recipe: str, steps: int, threads: int | None, job: str, round_: int, wall: float) -> dict:
+        sample = {**entry_sample(wall).__dict__, "round": round_}
+        return {"setting": {"recipe": recipe, "steps": steps, "threads": threads}, "job": job, "round": round_,
+                "sample": sample}
+
+    entries = [entry("small", 4, 1, "fp32", 0, 10.0), entry("small", 4, 1, "e4m3", 0, 11.0),
+               entry("small", 4, 1, "fp32", 1, 12.0), entry("small", 4, 1, "fp32", 1, 13.0),
+               entry("small", 8, 1, "fp32", 2, 14.0), entry("default", 4, None, "e4m3 stochastic", 0, 15.0),
+               entry("default", 4, None, "fp32", 5, 16.0)]
+    done = pool(entries, results, jobs, rounds=3)
+    assert done == {(small, "fp32", 0), (small, "e4m3", 0), (small, "fp32", 1)}
+    assert [x.wall for x in results[small].samples["fp32"]] == [10.0, 12.0]
+    assert [x.round for x in results[small].samples["fp32"]] == [0, 1] and results[default].samples == {}
