@@ -58,10 +58,13 @@ bench-gpu: ## on a CUDA machine: quantize at 2^24 and 2^28 vs a device copy, and
 	python3 -m altgrad.bench quantize --device cuda --log2n 28
 	python3 -m altgrad.bench step --device cuda --model gpt_50m --vocab 50257 --bf16 --steps 20
 
+# rounds of bench-gpu-job: a target's verdict needs two at least (paired intervals); its record keeps the finished
+# jobs, so a call stopped by a timeout goes on in the next one
+GPU_ROUNDS ?= 2
 bench-gpu-job: ## on a CUDA machine: the job bench on model=gpt_50m trainer=gpu (bf16 vs quantized bf16, steady MFU)
-	$(GPU_SITE) python3 -m altgrad.bench job --rounds 1 --threads default --recipes default --steps 600 --only '$(GPU_JOBS)' \
+	$(GPU_SITE) python3 -m altgrad.bench job --rounds $(GPU_ROUNDS) --threads default --recipes default --steps 600 --only '$(GPU_JOBS)' \
 	  --set trainer=gpu --set model=gpt_50m --set trainer.peak_flops=$(GPU_PEAK) --no-calls \
-	  --markdown docs/benchmarks/job_gpu.md $(ARGS)
+	  --record docs/benchmarks/job_gpu_record.jsonl --markdown docs/benchmarks/job_gpu.md $(ARGS)
 
 profile-gpu-job: ## on a CUDA machine: where a step's time goes, bf16 vs e4m3 without and with diagnostics (step profile)
 	$(GPU_SITE) for name in $(PROFILE_JOBS); do \

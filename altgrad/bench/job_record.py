@@ -1,9 +1,9 @@
 """The job bench's raw record: one JSON line per finished job, so a stopped bench loses nothing and rounds measured in
 several sittings (whenever the machine is quiet) pool into one verdict.
 
-Lines pool only when they share a *key*: the code measured (git trees of ``altgrad/`` and ``conf/``, plus a hash of
-any uncommitted change under them), the bench's extra overrides, the machine and the library versions. Commits that
-touch only docs or tests keep the key, so a page can be regenerated on top of earlier rounds.
+Lines pool only when they share a *key*: the code measured (a hash of the files under ``altgrad/`` and ``conf/``, the
+bench's own modules aside), the bench's extra overrides, the machine and the library versions. Changes to docs,
+tests or the bench's reporting keep the key, so a page can be regenerated on top of earlier rounds.
 """
 
 from __future__ import annotations
@@ -12,27 +12,29 @@ import dataclasses
 import hashlib
 import json
 import platform
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 CODE_PATHS = ("altgrad", "conf")
+# the bench's own code does not change what a job runs, except the plain loop it times as a reference
+BENCH_DIR, BENCH_JOB = "altgrad/bench/", "altgrad/bench/_reference_loop.py"
+SUFFIXES = (".py", ".yaml", ".cpp", ".h", ".txt", ".json")
 
 
-def _git(repo: Path, *args: str) -> str:
-    proc = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True)
-    return proc.stdout.strip() if proc.returncode == 0 else ""
-
-
-def code_state(repo: Path) -> dict[str, str | None]:
-    """The code a job runs: the committed trees of altgrad/ and conf/ and a hash of uncommitted changes to them."""
-    state: dict[str, str | None] = {p: _git(repo, "rev-parse", f"HEAD:{p}") or None for p in CODE_PATHS}
-    diff = _git(repo, "diff", "HEAD", "--", *CODE_PATHS)
-    untracked = _git(repo, "ls-files", "--others", "--exclude-standard", "--", *CODE_PATHS)
-    state["local_changes"] = (hashlib.sha256((diff + "\n" + untracked).encode()).hexdigest()[:16]
-                              if diff or untracked else None)
-    return state
+def code_state(repo: Path) -> str:
+    """A hash of the code a job runs: every source and config file under altgrad/ and conf/ (path and content),
+    the bench's own modules left out but its plain reference loop kept. Content, not git, so it holds on a copy of
+    the tree without .git (a lent GPU machine) and counts uncommitted changes."""
+    digest = hashlib.sha256()
+    files = sorted(p for base in CODE_PATHS for p in (repo / base).rglob("*")
+                   if p.is_file() and p.suffix in SUFFIXES and "__pycache__" not in p.parts)
+    for path in files:
+        rel = path.relative_to(repo).as_posix()
+        if rel.startswith(BENCH_DIR) and rel != BENCH_JOB:
+            continue
+        digest.update(rel.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:20]
 
 
 def make_key(repo: Path, sets: list[str], machine: str, versions: str) -> dict[str, Any]:

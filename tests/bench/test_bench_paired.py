@@ -104,7 +104,25 @@ def test_record_keeps_every_job_and_pools_only_its_own_key(tmp_path: Path) -> No
         ("fp32", 0, 10.0), ("e4m3", 0, 11.0)]
     assert Sample(**entries[1]["sample"]) == entry_sample(11.0)
     assert job_record.load(tmp_path / "none.jsonl", key) == ([], 0)
-    assert set(key["code"]) == {"altgrad", "conf", "local_changes"}
+    assert key["code"] == job_record.code_state(Path.cwd()) and len(key["code"]) == 20
+
+
+def test_the_code_key_follows_what_jobs_run_not_the_bench_itself(tmp_path: Path) -> None:
+    """A change to a training module or a config changes the key; one to the bench's reporting does not, one to its
+    plain reference loop (a job it times) does; compiled caches are ignored."""
+    for rel, text in [("altgrad/train.py", "a"), ("altgrad/bench/job.py", "b"), ("altgrad/bench/_reference_loop.py",
+                      "c"), ("conf/config.yaml", "d")]:
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    base = job_record.code_state(tmp_path)
+    (tmp_path / "altgrad/bench/job.py").write_text("b2")
+    (tmp_path / "altgrad/__pycache__").mkdir()
+    (tmp_path / "altgrad/__pycache__/train.cpython-311.pyc").write_text("x")
+    assert job_record.code_state(tmp_path) == base
+    for rel in ("altgrad/train.py", "altgrad/bench/_reference_loop.py", "conf/config.yaml"):
+        before = job_record.code_state(tmp_path)
+        (tmp_path / rel).write_text("changed")
+        assert job_record.code_state(tmp_path) != before, rel
 
 
 def test_a_damaged_record_line_stops_with_its_number(tmp_path: Path) -> None:
