@@ -14,8 +14,9 @@ default job, ``--steps`` steps of 16 × 128 tokens) or ``small`` (block 64, batc
 char-level CPU recipe of issue 31: lr 1e-3, warm-up 100, cosine to 1e-4, ``--small-steps`` steps), with torch's
 default threads (``OMP_NUM_THREADS`` unset: what ``make train`` gets) or one (``OMP_NUM_THREADS=1``). One round runs
 every configuration of every setting once, in an order rotated every round so drift on a shared machine hits them
-alike; the tables give medians over rounds with their spread, and each target is judged on the per-round paired
-ratios (``altgrad.bench.paired``: met or missed only when the 95 % interval clears the bound). ``--record`` keeps
+alike; the tables give medians over rounds with their spread (ratios: geometric means of the per-round pairs), and
+each target is judged on the per-round paired ratios (``altgrad.bench.paired``: met or missed only when the 95 %
+interval clears the bound). ``--record`` keeps
 every finished job (``altgrad.bench.job_record``), so a stopped bench goes on and rounds from several quiet sittings
 pool. Columns:
 
@@ -23,8 +24,9 @@ pool. Columns:
   sweep's exit, i.e. what one more job adds to a sweep);
 - warm-up: process start (or, for the sweep row, the first job's end of training) to the first optimizer step done;
 - steady tokens/s: over the second half of the steps (the run's ``timing`` in summary.json, module.JobClock);
-- × fp32 wall: the configuration's wall over the fp32 job's wall of the same round and setting, median over rounds;
-- fp32 tok/s ÷ this: the fp32 job's steady tokens/s over this one's (a slowdown, like the wall ratio);
+- × fp32 wall: the configuration's wall over the fp32 job's wall of the same round and setting, geometric mean over
+  rounds;
+- fp32 tok/s ÷ this: the fp32 job's steady tokens/s over this one's, per round, geometric mean (a slowdown);
 - phases: start-up (to fit start), the first step, all steps, validation, and after training.
 
 On a CUDA machine, ``--set trainer=gpu --set model=gpt_50m`` (``make bench-gpu-job``) runs the same jobs on the GPU
@@ -40,7 +42,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
+import math
 import os
 import platform
 import shlex
@@ -217,6 +221,12 @@ def _median(values: list[float | None]) -> float | None:
     return statistics.median(vals) if vals else None
 
 
+def _geomean(ratios: list[float | None]) -> float | None:
+    """The geometric mean of per-round ratios: the estimate a target is judged on (``paired.judge``)."""
+    logs = [math.log(r) for r in ratios if r is not None and r > 0 and math.isfinite(r)]
+    return math.exp(sum(logs) / len(logs)) if logs else None
+
+
 def _spread(values: list[float | None]) -> str:
     vals = [v for v in values if v is not None]
     return f"{min(vals):.1f}–{max(vals):.1f}" if len(vals) > 1 else ""
@@ -233,11 +243,11 @@ class Row:
     job: Job
     wall: float | None
     spread: str
-    wall_ratio: float | None  # median of the per-round wall ratios to the fp32 job
+    wall_ratio: float | None  # geometric mean of the per-round wall ratios to the fp32 job
     warmup: float | None
     tps: float | None
-    slowdown: float | None  # the fp32 job's steady tokens/s over this one's (medians)
-    of_plain: float | None  # this one's steady tokens/s over the plain loop's (fp32 only; medians)
+    slowdown: float | None  # the fp32 job's steady tokens/s over this one's (geometric mean over rounds)
+    of_plain: float | None  # this one's steady tokens/s over the plain loop's (fp32 only; geometric mean)
     mfu: float | None = None  # steady MFU (median), where the jobs had a peak to divide by
     gpu: bool = False  # measured on a GPU: only GPU_TARGET applies
     judged: tuple[Judgement, ...] = ()  # the ratios its target applies to, judged against the bound
@@ -279,19 +289,17 @@ def _judged(results: Results, job: Job, gpu: bool) -> tuple[Judgement, ...]:
 
 
 def rows(results: Results, jobs: list[Job], gpu: bool = False) -> list[Row]:
-    """The medians of every configuration measured so far (``gpu``: judged by GPU_TARGET alone)."""
-    base_tps = _median([s.steady_tps for s in results.samples.get(BASE, [])])
-    ref_tps = _median([s.steady_tps for s in results.samples.get(REFERENCE, [])])
+    """Every configuration measured so far: medians of its own numbers, geometric means of its per-round ratios
+    (the estimates its target is judged on); ``gpu``: judged by GPU_TARGET alone."""
     out = []
     for job in jobs:
         samples = results.samples.get(job.name, [])
         if not samples:
             continue
-        tps = _median([s.steady_tps for s in samples])
         out.append(Row(job, _median([s.wall for s in samples]), _spread([s.wall for s in samples]),
-                       _median(results.pairs(job.name, BASE, _wall_ratio)), _median([s.warmup for s in samples]), tps,
-                       base_tps / tps if tps and base_tps else None,
-                       tps / ref_tps if job.name == BASE and tps and ref_tps else None,
+                       _geomean(results.pairs(job.name, BASE, _wall_ratio)), _median([s.warmup for s in samples]),
+                       _median([s.steady_tps for s in samples]), _geomean(results.pairs(job.name, BASE, _slowdown)),
+                       _geomean(results.pairs(BASE, REFERENCE, _share)) if job.name == BASE else None,
                        _median([s.steady_mfu for s in samples]), gpu, _judged(results, job, gpu)))
     return out
 
@@ -378,8 +386,10 @@ def hardware() -> str:
     return f"{cpu}, {os.cpu_count()} CPUs, {mem}"
 
 
+@functools.cache
 def _versions() -> tuple[str, str, str]:
-    """torch's and Lightning's versions and torch's default thread count, as a job's process sees them."""
+    """torch's and Lightning's versions and torch's default thread count, as a job's process sees them (asked once
+    per bench: it costs an interpreter start)."""
     proc = subprocess.run([sys.executable, "-c", "import torch, lightning; print(torch.__version__, "
                            "lightning.__version__, torch.get_num_threads())"], capture_output=True, text=True)
     torch_v, lightning_v, threads = (proc.stdout.split() + ["?"] * 3)[:3]
@@ -423,11 +433,12 @@ Every configuration is one `python -m altgrad.train` subprocess (default diagnos
 cosine to 1e-4, on the embedded corpus: issue 31's char-level CPU recipe); default threads: `OMP_NUM_THREADS` unset,
 what `make train` gets. One round runs every configuration of every setting once, in an order rotated every round;
 the setting tables give medians over {rounds} round(s), the spread of the wall times,
-and two ratios to the fp32 job of the same setting: whole-process wall (median of per-round ratios) and
-steady tokens/s (the fp32 job's over this one's, so both are slowdowns). **Targets are judged on the per-round
-paired ratios**: their geometric mean with a 95 % Student-t interval over rounds (log scale); a target is *met* or
-*missed* only when the whole interval lies on one side of its bound, and otherwise *unsettled*, with roughly how many
-rounds would settle it at today's mean and spread. {record} The run records where its time goes
+and two ratios to the fp32 job of the same setting, each the geometric mean of the per-round paired ratios (the
+estimate the Targets table judges): whole-process wall and steady tokens/s (the fp32 job's over this one's, so both
+are slowdowns). **Targets are judged on the per-round paired ratios**: their geometric mean with a 95 % Student-t
+interval over rounds (log scale); a target is *met* or *missed* only when the whole interval lies on one side of its
+bound, and otherwise *unsettled*, with the rounds that would settle it with 80 % power if today's mean and spread
+held (a paired t-test's sample size). {record} The run records where its time goes
 (`summary.json["timing"]`, `altgrad.module.JobClock`). The `plain PyTorch loop` row is
 `altgrad/bench/_reference_loop.py`: the same GPT, data windows, batch, AdamW groups, schedule, clip and validation
 cadence as a nanoGPT-style loop (forward, backward, clip, AdamW step; no Lightning, logger, callbacks, checkpoints).

@@ -1,9 +1,10 @@
 """The job bench's raw record: one JSON line per finished job, so a stopped bench loses nothing and rounds measured in
 several sittings (whenever the machine is quiet) pool into one verdict.
 
-Lines pool only when they share a *key*: the code measured (a hash of the files under ``altgrad/`` and ``conf/``, the
-bench's own modules aside), the bench's extra overrides, the machine and the library versions. Changes to docs,
-tests or the bench's reporting keep the key, so a page can be regenerated on top of earlier rounds.
+Lines pool only when they share a *key*: the code measured (a hash of the files under ``altgrad/`` and ``conf/``
+that a timed job can import: the bench, report and study packages aside, the bench's plain loop kept), the bench's
+extra overrides, the machine and the library versions. Changes to docs, tests, reports or the bench's reporting keep
+the key, so a page can be regenerated on top of earlier rounds.
 """
 
 from __future__ import annotations
@@ -17,23 +18,29 @@ from pathlib import Path
 from typing import Any
 
 CODE_PATHS = ("altgrad", "conf")
-# the bench's own code does not change what a job runs, except the plain loop it times as a reference
-BENCH_DIR, BENCH_JOB = "altgrad/bench/", "altgrad/bench/_reference_loop.py"
+# packages no timed job imports (tests/bench/test_bench_record_key.py checks it on the bench's own jobs): the bench,
+# the report and the study driver; except the plain loop the bench times as a reference (and its package's init)
+UNTIMED = ("altgrad/bench/", "altgrad/report/", "altgrad/study/")
+TIMED_BENCH = ("altgrad/bench/_reference_loop.py", "altgrad/bench/__init__.py")
 SUFFIXES = (".py", ".yaml", ".cpp", ".h", ".txt", ".json")
 
 
-def code_state(repo: Path) -> str:
-    """A hash of the code a job runs: every source and config file under altgrad/ and conf/ (path and content),
-    the bench's own modules left out but its plain reference loop kept. Content, not git, so it holds on a copy of
-    the tree without .git (a lent GPU machine) and counts uncommitted changes."""
-    digest = hashlib.sha256()
+def keyed_files(repo: Path) -> list[Path]:
+    """The files the code key hashes: sources and configs under altgrad/ and conf/, the UNTIMED packages left out
+    but the bench's plain reference loop kept."""
     files = sorted(p for base in CODE_PATHS for p in (repo / base).rglob("*")
                    if p.is_file() and p.suffix in SUFFIXES and "__pycache__" not in p.parts)
-    for path in files:
-        rel = path.relative_to(repo).as_posix()
-        if rel.startswith(BENCH_DIR) and rel != BENCH_JOB:
-            continue
-        digest.update(rel.encode() + b"\0" + path.read_bytes() + b"\0")
+    keep = [p for p in files if not p.relative_to(repo).as_posix().startswith(UNTIMED)
+            or p.relative_to(repo).as_posix() in TIMED_BENCH]
+    return keep
+
+
+def code_state(repo: Path) -> str:
+    """A hash of the code a job runs: every keyed file's path and content. Content, not git, so it holds on a copy
+    of the tree without .git (a lent GPU machine) and counts uncommitted changes."""
+    digest = hashlib.sha256()
+    for path in keyed_files(repo):
+        digest.update(path.relative_to(repo).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()[:20]
 
 

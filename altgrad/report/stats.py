@@ -372,3 +372,36 @@ def tost_seeds_needed(sd: float, margin: float, level: float, power: float = TOS
         else:
             low = mid
     return high
+
+
+def seeds_needed(sd: float, margin: float, alpha: float, power: float, max_n: int = 100_000) -> int | None:
+    """Pairs a two-sided paired t-test at level ``alpha`` needs to detect a true mean difference of ``margin`` with
+    probability ``power``: the smallest n ≥ 2 with
+
+        n ≥ (t(1 − α/2, n − 1) + t(power, n − 1))² · σ² / margin²
+
+    (the same normal-to-t approximation as ``tost_seeds_needed``; the quantiles depend on n, so n is bisected).
+    2 when σ is 0; None when σ or the margin is not a finite number (σ ≥ 0, margin > 0), the power is outside
+    [0.5, 1), or more than ``max_n`` are needed."""
+    if not (math.isfinite(sd) and sd >= 0) or not (math.isfinite(margin) and margin > 0) \
+            or not 0 < alpha < 1 or not 0.5 <= power < 1:
+        return None
+    ratio = (sd / margin) ** 2
+
+    def enough(n: int) -> bool:
+        beyond = t_critical(n - 1, 2.0 * power - 1.0) if power > 0.5 else 0.0  # t(power); t(0.5) = 0
+        quantiles = t_critical(n - 1, 1.0 - alpha) + beyond
+        return n >= quantiles ** 2 * ratio
+
+    if enough(2):
+        return 2
+    if not enough(max_n):
+        return None
+    low, high = 2, max_n  # enough(low) is false, enough(high) true, and enough grows with n: bisect on n
+    while high - low > 1:
+        mid = (low + high) // 2
+        if enough(mid):
+            high = mid
+        else:
+            low = mid
+    return high

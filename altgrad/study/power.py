@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from altgrad.report.load import Job
-from altgrad.report.stats import t_critical
+from altgrad.report import stats
 
 N_MAX_SEARCH = 1000
 
@@ -31,16 +31,12 @@ def arm_of(job: Job) -> str:
 
 
 def seeds_needed(sd: float, margin: float, *, power: float, alpha: float, family: int) -> int:
-    """The smallest n (≥ 2) whose paired t-test at α/family, two-sided, has the power to detect ``margin``."""
+    """The smallest n (≥ 2) whose paired t-test at α/family, two-sided, has the power to detect ``margin``
+    (``N_MAX_SEARCH`` when even that many would not)."""
     if sd <= 0:
         return 2
-    level = alpha / family
-    for n in range(2, N_MAX_SEARCH + 1):
-        df = n - 1
-        need = ((t_critical(df, 1 - level) + t_critical(df, 2 * power - 1)) * sd / margin) ** 2
-        if n >= need:
-            return n
-    return N_MAX_SEARCH
+    n = stats.seeds_needed(sd, margin, alpha / family, power, max_n=N_MAX_SEARCH)
+    return N_MAX_SEARCH if n is None else n
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from altgrad.report.stats import (
     summarize,
     t_critical,
     t_test,
+    seeds_needed,
     tost_seeds_needed,
 )
 
@@ -238,3 +239,14 @@ def test_the_seeds_needed_give_the_stated_power() -> None:
     assert 0.77 <= power(n) <= 0.85
     assert power(n - 8) < 0.7
     assert t_test(list(rng.normal(0.0, sd, 5))).tost_p(margin) > level  # 5 seeds: hopeless, as it says
+
+
+def test_a_paired_t_tests_seeds_needed() -> None:
+    """σ = margin, α = 0.05, power 0.8: n ≥ (t(0.975, n−1) + t(0.8, n−1))²; n = 10 gives (2.262 + 0.883)² = 9.89,
+    n = 9 gives (2.306 + 0.889)² = 10.21 (Student-t tables), so 10 pairs."""
+    assert seeds_needed(0.03, 0.03, 0.05, 0.8) == 10
+    assert seeds_needed(0.0, 0.03, 0.05, 0.8) == 2
+    # power ½ drops t(power): n ≥ t(0.975, n−1)² / 4; n = 4: (3.182/2)² = 2.53; n = 3: (4.303/2)² = 4.63 > 3
+    assert seeds_needed(0.03, 0.06, 0.05, 0.5) == 4
+    assert seeds_needed(float("nan"), 0.03, 0.05, 0.8) is None and seeds_needed(0.03, 0.0, 0.05, 0.8) is None
+    assert seeds_needed(1.0, 0.001, 0.05, 0.8, max_n=1000) is None
