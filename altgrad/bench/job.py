@@ -404,7 +404,7 @@ def machine() -> str:
                            text=True).stdout.strip()
     cpu, cpus, mem = hardware().rsplit(", ", 2)
     return (f"{cpu}, {cpus} (torch's default: {threads} threads), {mem}; Python "
-            f"{platform.python_version()}, torch {torch_v}, Lightning {lightning_v}; commit "
+            f"{platform.python_version()}, torch {torch_v}, Lightning {lightning_v}; written at commit "
             f"{commit.stdout.strip() or 'unknown'}{' with local changes' if dirty else ''}")
 
 
@@ -421,7 +421,7 @@ PAGE_INTRO = """# job: whole training jobs, as users run them
 
 The speed goals are carried by this bench; the micro-benchmarks ([quantize](quantize.md), [step](step.md),
 [optim](optim.md), [callbacks](callbacks.md), and `python -m altgrad.bench calls` below) stay as guards of their
-parts. This page is written by one command (every number below comes from it; ≈ {minutes} min here):
+parts. This page is written by one command (every number below comes from it; its jobs take ≈ {minutes} min here):
 
 ```
 {command}
@@ -461,20 +461,44 @@ def gpu_mode(sets: list[str]) -> bool:
     return "trainer=gpu" in sets
 
 
-def page(results: dict[Setting, Results], jobs: list[Job], args: argparse.Namespace, command: str, minutes: float,
-         loads: tuple[str, str], calls: str | None) -> str:
+@dataclass
+class Provenance:
+    """When the page's jobs were measured: by this invocation (with the load around it) or taken from the record."""
+
+    ran: list[str] = field(default_factory=list)  # UTC times the jobs run by this invocation finished
+    pooled: list[str] = field(default_factory=list)  # the same for jobs taken from the record
+    loads: tuple[str, str] = ("", "")
+    code: str | None = None  # the record's code key, where there is a record
+
+    def text(self) -> str:
+        times = sorted(self.ran + self.pooled)
+        if not times:
+            return "No job measured."
+        span = f"{times[0][:16].replace('T', ' ')} – {times[-1][:16].replace('T', ' ')} UTC"
+        line = (f"{len(times)} jobs, finished {span}: {len(self.ran)} run by this invocation, {len(self.pooled)} "
+                "taken from the record")
+        if self.code:
+            line += f" (code key {self.code}: the files a timed job runs, `altgrad.bench.job_record`)"
+        if self.ran:
+            line += (f"; load average (1/5/15 min) {self.loads[0]} before this invocation's jobs, {self.loads[1]} "
+                     "after (the bench's own job keeps one core or more busy)")
+        return line + "."
+
+
+def page(results: dict[Setting, Results], jobs: list[Job], args: argparse.Namespace, command: str,
+         provenance: Provenance, calls: str | None) -> str:
     """The whole of docs/benchmarks/job.md (or, with ``--set trainer=gpu``, its GPU twin)."""
     gpu = gpu_mode(args.set)
     settings = "; ".join(f"{s.label} ({s.steps} steps)" for s in results)
     record = ("" if args.record is None else
               f"Every job's numbers are in `{args.record}` (one JSON line each); rounds measured in several sittings "
               "of the same code, machine and overrides pool there, and rerunning the command goes on where it stopped.")
+    minutes = sum(smp.wall for res in results.values() for samples in res.samples.values() for smp in samples) / 60
     parts = [PAGE_INTRO.format(minutes=f"{minutes:.0f}", command=command, n_settings=len(results), settings=settings,
                                rounds=args.rounds, record=record),
              *([GPU_NOTE.format(targeted=GPU_TARGETED, target=GPU_TARGET), ""] if gpu else []),
              *([f"**{args.note}**", ""] if args.note else []),
-             f"Machine: {machine()}. Run {time.strftime('%Y-%m-%d')}; load average (1/5/15 min) {loads[0]} before, "
-             f"{loads[1]} after (the bench's own job keeps one core or more busy).", "",
+             f"Machine: {machine()}. {provenance.text()}", "",
              "## Targets", "", targets_table(results, jobs, markdown=True, gpu=gpu), ""]
     for setting, res in results.items():
         parts += [f"## {setting.label} ({setting.steps} steps)", "", table(res, jobs, markdown=True, gpu=gpu), ""]
@@ -518,6 +542,13 @@ def pool(entries: list[dict], results: dict[Setting, Results], jobs: list[Job],
         results[setting].samples.setdefault(e["job"], []).append(Sample(**e["sample"]))
         done.add((setting, e["job"], e["round"]))
     return done
+
+
+def _entry_id(entry: dict, settings: list[Setting]) -> tuple[Setting, str, int] | None:
+    """A record entry's (setting, configuration, round), as ``pool`` marks what it took."""
+    known = {(s.recipe, s.steps, s.threads): s for s in settings}
+    setting = known.get((entry["setting"]["recipe"], entry["setting"]["steps"], entry["setting"]["threads"]))
+    return None if setting is None else (setting, entry["job"], entry["round"])
 
 
 def main(argv: list[str]) -> None:
@@ -574,18 +605,23 @@ def main(argv: list[str]) -> None:
     env.setdefault("WANDB_SILENT", "true")
     work = args.keep or Path(tempfile.mkdtemp(prefix="altgrad-bench-job-"))
     load_before = _load()
-    started = time.time()
     print(f"job bench: {len(jobs)} configurations x {len(settings)} settings x {args.rounds} rounds, "
           f"{os.cpu_count()} CPUs, load average {load_before} (1/5/15 min); extra overrides: {args.set or 'none'}",
           flush=True)
     results = {s: Results() for s in settings}
     key = record = None
     done: set[tuple[Setting, str, int]] = set()
+    provenance = Provenance()
     if args.record is not None:
         record = args.record
         key = job_record.make_key(REPO, args.set, hardware(), " ".join(_versions()[:2]))
         entries, other = job_record.load(record, key)
+        provenance.code = key["code"]
         done = pool(entries, results, jobs, args.rounds)
+        firsts = {}
+        for e in entries:  # the entry pool() took for each (setting, configuration, round): the first
+            firsts.setdefault(_entry_id(e, settings), e)
+        provenance.pooled = [e.get("time", "") for i, e in firsts.items() if i in done]
         print(f"record {record}: {len(done)} of {len(jobs) * len(settings) * args.rounds} jobs already measured "
               f"for this code, machine and overrides ({other} other line(s) left out)", flush=True)
     try:
@@ -599,6 +635,7 @@ def main(argv: list[str]) -> None:
                     out = work / f"round{r}" / folder(setting.label) / folder(job.name)
                     sample = dataclasses.replace(run_job(job, out, setting.steps, extra, setting.env(env)), round=r)
                     results[setting].samples.setdefault(job.name, []).append(sample)
+                    provenance.ran.append(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
                     if record is not None:
                         job_record.append(record, key, {"recipe": setting.recipe, "steps": setting.steps,
                                                         "threads": setting.threads}, job.name, r, sample)
@@ -615,12 +652,13 @@ def main(argv: list[str]) -> None:
         if args.keep is None:
             shutil.rmtree(work, ignore_errors=True)
     load_after = _load()
+    provenance.loads = (load_before, load_after)
     print(targets_table(results, jobs, gpu=gpu))
     print(f"load average before {load_before}, after {load_after} (1/5/15 min)")
     if args.markdown is not None:
         calls = None if args.no_calls else calls_table()
         command = "python -m altgrad.bench job " + shlex.join(argv)  # as typed: quoted where a value has spaces
-        text = page(results, jobs, args, command, (time.time() - started) / 60, (load_before, load_after), calls)
+        text = page(results, jobs, args, command, provenance, calls)
         args.markdown.parent.mkdir(parents=True, exist_ok=True)
         args.markdown.write_text(text)
         print(f"wrote {args.markdown}")

@@ -298,3 +298,16 @@ def test_cpu_preset_refuses_compile_with_one_line(tmp_path: Path) -> None:
     assert len(lines) == 1 and lines[0].startswith("error: trainer.compile=true is off on the CPU"), proc.stderr
     assert "valid: trainer.compile=false, or trainer=gpu; trainer.compile=force compiles" in lines[0]
     assert not (tmp_path / "run").exists()  # refused before anything was written
+
+
+def test_the_page_says_when_its_jobs_ran_and_which_came_from_the_record() -> None:
+    from altgrad.bench.job import Provenance
+    pooled = Provenance(pooled=["2026-11-27T06:50:53Z", "2026-11-27T05:00:46Z"], code="3f38ea65a250f8e2be9a")
+    text = pooled.text()
+    assert text.startswith("2 jobs, finished 2026-11-27 05:00 – 2026-11-27 06:50 UTC: 0 run by this invocation, "
+                           "2 taken from the record (code key 3f38ea65a250f8e2be9a")
+    assert "load average" not in text  # no job ran: today's load says nothing about the numbers
+    mixed = Provenance(ran=["2026-11-28T01:00:00Z"], pooled=["2026-11-27T05:00:46Z"], loads=("0.1 0.2 0.3", "1 1 1"))
+    assert "1 run by this invocation, 1 taken from the record; load average (1/5/15 min) 0.1 0.2 0.3 before" in \
+        mixed.text()
+    assert Provenance().text() == "No job measured."
