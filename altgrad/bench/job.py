@@ -396,16 +396,22 @@ def _versions() -> tuple[str, str, str]:
     return torch_v, lightning_v, threads
 
 
-def machine() -> str:
-    """One line: CPU model, cores, memory, Python, torch and the commit measured."""
-    torch_v, lightning_v, threads = _versions()
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+@functools.cache
+def commit() -> str:
+    """The checkout's short commit, '+ local changes' where tracked files differ; 'unknown' without git (a copy of
+    the tree on a lent GPU machine)."""
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
     dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True,
                            text=True).stdout.strip()
+    return (head.stdout.strip() or "unknown") + (" with local changes" if dirty and head.stdout.strip() else "")
+
+
+def machine() -> str:
+    """One line: CPU model, cores, memory, Python, torch and the commit the page is written at."""
+    torch_v, lightning_v, threads = _versions()
     cpu, cpus, mem = hardware().rsplit(", ", 2)
     return (f"{cpu}, {cpus} (torch's default: {threads} threads), {mem}; Python "
-            f"{platform.python_version()}, torch {torch_v}, Lightning {lightning_v}; written at commit "
-            f"{commit.stdout.strip() or 'unknown'}{' with local changes' if dirty else ''}")
+            f"{platform.python_version()}, torch {torch_v}, Lightning {lightning_v}; written at commit {commit()}")
 
 
 def calls_table() -> str:
@@ -469,6 +475,7 @@ class Provenance:
     pooled: list[str] = field(default_factory=list)  # the same for jobs taken from the record
     loads: tuple[str, str] = ("", "")
     code: str | None = None  # the record's code key, where there is a record
+    commits: list[str] = field(default_factory=list)  # the commits the jobs ran at (record entries name theirs)
 
     def text(self) -> str:
         times = sorted(self.ran + self.pooled)
@@ -479,6 +486,8 @@ class Provenance:
                 "taken from the record")
         if self.code:
             line += f" (code key {self.code}: the files a timed job runs, `altgrad.bench.job_record`)"
+        if self.commits:
+            line += "; run at commit " + ", ".join(sorted(set(self.commits)))
         if self.ran:
             line += (f"; load average (1/5/15 min) {self.loads[0]} before this invocation's jobs, {self.loads[1]} "
                      "after (the bench's own job keeps one core or more busy)")
@@ -622,6 +631,7 @@ def main(argv: list[str]) -> None:
         for e in entries:  # the entry pool() took for each (setting, configuration, round): the first
             firsts.setdefault(_entry_id(e, settings), e)
         provenance.pooled = [e.get("time", "") for i, e in firsts.items() if i in done]
+        provenance.commits = [e.get("commit") or "unrecorded" for i, e in firsts.items() if i in done]
         print(f"record {record}: {len(done)} of {len(jobs) * len(settings) * args.rounds} jobs already measured "
               f"for this code, machine and overrides ({other} other line(s) left out)", flush=True)
     try:
@@ -636,9 +646,10 @@ def main(argv: list[str]) -> None:
                     sample = dataclasses.replace(run_job(job, out, setting.steps, extra, setting.env(env)), round=r)
                     results[setting].samples.setdefault(job.name, []).append(sample)
                     provenance.ran.append(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+                    provenance.commits.append(commit())
                     if record is not None:
                         job_record.append(record, key, {"recipe": setting.recipe, "steps": setting.steps,
-                                                        "threads": setting.threads}, job.name, r, sample)
+                                                        "threads": setting.threads}, job.name, r, sample, commit())
                     print(f"  round {r + 1}, {setting.label}: {job.name}: wall {sample.wall:.1f} s, warm-up "
                           f"{_fmt(sample.warmup, '.1f')} s, steady {_fmt(sample.steady_tps, '.0f')} tok/s", flush=True)
                 if todo:

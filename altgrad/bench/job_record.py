@@ -75,10 +75,12 @@ def load(path: Path, key: dict[str, Any]) -> tuple[list[dict[str, Any]], int]:
     return kept, other
 
 
-def append(path: Path, key: dict[str, Any], setting: dict[str, Any], job: str, round_: int, sample: Any) -> None:
-    """Add one finished job (a dataclass sample) as one line, flushed before the next job starts."""
+def append(path: Path, key: dict[str, Any], setting: dict[str, Any], job: str, round_: int, sample: Any,
+           commit: str | None = None) -> None:
+    """Add one finished job (a dataclass sample) as one line, flushed before the next job starts; ``commit`` names
+    the checkout it ran at (provenance only: pooling goes by the key)."""
     entry = {"key": key, "setting": setting, "job": job, "round": round_, "sample": dataclasses.asdict(sample),
-             "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+             "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "commit": commit}
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a") as f:
         f.write(json.dumps(entry, sort_keys=True) + "\n")

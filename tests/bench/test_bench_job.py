@@ -302,8 +302,10 @@ def test_cpu_preset_refuses_compile_with_one_line(tmp_path: Path) -> None:
 
 def test_the_page_says_when_its_jobs_ran_and_which_came_from_the_record() -> None:
     from altgrad.bench.job import Provenance
-    pooled = Provenance(pooled=["2026-11-27T06:50:53Z", "2026-11-27T05:00:46Z"], code="3f38ea65a250f8e2be9a")
+    pooled = Provenance(pooled=["2026-11-27T06:50:53Z", "2026-11-27T05:00:46Z"], code="3f38ea65a250f8e2be9a",
+                        commits=["88be249", "88be249"])
     text = pooled.text()
+    assert text.endswith("; run at commit 88be249.")
     assert text.startswith("2 jobs, finished 2026-11-27 05:00 – 2026-11-27 06:50 UTC: 0 run by this invocation, "
                            "2 taken from the record (code key 3f38ea65a250f8e2be9a")
     assert "load average" not in text  # no job ran: today's load says nothing about the numbers

@@ -102,10 +102,11 @@ def test_record_keeps_every_job_and_pools_only_its_own_key(tmp_path: Path) -> No
     setting = {"recipe": "small", "steps": 4, "threads": 1}
     job_record.append(path, key, setting, "fp32", 0, entry_sample(10.0))
     job_record.append(path, other, setting, "fp32", 0, entry_sample(99.0))
-    job_record.append(path, key, setting, "e4m3", 0, entry_sample(11.0))
+    job_record.append(path, key, setting, "e4m3", 0, entry_sample(11.0), "abc1234")
     entries, left_out = job_record.load(path, key)
     assert left_out == 1 and [(e["job"], e["round"], e["sample"]["wall"]) for e in entries] == [
         ("fp32", 0, 10.0), ("e4m3", 0, 11.0)]
+    assert [e["commit"] for e in entries] == [None, "abc1234"]  # provenance only: both pool under the key
     assert Sample(**entries[1]["sample"]) == entry_sample(11.0)
     assert job_record.load(tmp_path / "none.jsonl", key) == ([], 0)
     assert key["code"] == job_record.code_state(Path.cwd()) and len(key["code"]) == 20
