@@ -169,3 +169,19 @@ def test_a_record_resumes_the_bench_where_it_stopped() -> None:
     assert done == {(small, "fp32", 0), (small, "e4m3", 0), (small, "fp32", 1)}
     assert [x.wall for x in results[small].samples["fp32"]] == [10.0, 12.0]
     assert [x.round for x in results[small].samples["fp32"]] == [0, 1] and results[default].samples == {}
+
+
+def test_a_studys_experiment_files_key_only_benches_that_compose_them(tmp_path: Path) -> None:
+    """A study's tuned-lr table changes as it runs; the bench's jobs compose no experiment, so it keeps their key,
+    unless ``--set experiment=…`` composes one."""
+    for rel in ("altgrad/train.py", "conf/train.yaml", "conf/experiment/optim/tuned/ongrid.yaml",
+                "conf/study/ongrid.yaml"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("x")
+    plain = job_record.make_key(tmp_path, [], "m", "v")
+    with_experiment = job_record.make_key(tmp_path, ["experiment=ongrid"], "m", "v")
+    (tmp_path / "conf/experiment/optim/tuned/ongrid.yaml").write_text("tuned: 1.58")
+    (tmp_path / "conf/study/ongrid.yaml").write_text("stages: []")
+    assert job_record.make_key(tmp_path, [], "m", "v") == plain
+    assert job_record.make_key(tmp_path, ["experiment=ongrid"], "m", "v")["code"] != with_experiment["code"]
+    assert job_record.selects_experiment(["+experiment=x"]) and not job_record.selects_experiment(["format=e4m3"])
