@@ -16,17 +16,18 @@ from omegaconf import OmegaConf
 from altgrad.sweep.resume import config_differences
 
 REPO = Path(__file__).resolve().parents[2]
-RUNS = REPO / "docs" / "results" / "study-cpu" / "runs"
+STUDIES = [REPO / "docs" / "results" / study / "runs" for study in ("study-cpu", "study-ongrid")]
 
 
 def _one_record_per_stage() -> list[Path]:
-    if not RUNS.is_dir():
-        return []
+    """The last record of each stage of each committed study (a tuned stage's last is at its highest lr, an
+    evaluation's at a picked lr: both read the tuned-lr tables as committed)."""
     picks = []
-    for stage in sorted(p for p in RUNS.iterdir() if p.is_dir()):
-        jobs = sorted(j for j in stage.iterdir() if (j / "summary.json").is_file())
-        if jobs:
-            picks.append(jobs[-1])
+    for runs in (r for r in STUDIES if r.is_dir()):
+        for stage in sorted(p for p in runs.iterdir() if p.is_dir()):
+            jobs = sorted(j for j in stage.iterdir() if (j / "summary.json").is_file())
+            if jobs:
+                picks.append(jobs[-1])
     return picks
 
 
@@ -34,7 +35,7 @@ RECORDS = _one_record_per_stage()
 
 
 @pytest.mark.skipif(not RECORDS, reason="no committed study records")
-@pytest.mark.parametrize("record", RECORDS, ids=[f"{r.parent.name}/{r.name}" for r in RECORDS])
+@pytest.mark.parametrize("record", RECORDS, ids=[f"{r.parents[2].name}/{r.parent.name}/{r.name}" for r in RECORDS])
 def test_a_committed_record_composes_to_its_stored_config(record: Path, tmp_path: Path) -> None:
     overrides = [o for o in yaml.safe_load((record / ".hydra" / "overrides.yaml").read_text())
                  if not o.startswith("+resume_sweep")]
