@@ -538,26 +538,19 @@ def _threads(text: str) -> list[int | None]:
 
 
 def pool(entries: list[dict], results: dict[Setting, Results], jobs: list[Job],
-         rounds: int) -> set[tuple[Setting, str, int]]:
-    """Put a record's entries of these settings, configurations and first ``rounds`` rounds into ``results``; the
-    (setting, configuration, round) triples they cover need not run again."""
+         rounds: int) -> dict[tuple[Setting, str, int], dict]:
+    """Put a record's entries of these settings, configurations and first ``rounds`` rounds into ``results`` (the
+    first entry of each); returns them by the (setting, configuration, round) they cover, which need not run again."""
     known = {(s.recipe, s.steps, s.threads): s for s in results}
     names = {j.name for j in jobs}
-    done: set[tuple[Setting, str, int]] = set()
+    taken: dict[tuple[Setting, str, int], dict] = {}
     for e in entries:
         setting = known.get((e["setting"]["recipe"], e["setting"]["steps"], e["setting"]["threads"]))
-        if setting is None or e["job"] not in names or e["round"] >= rounds or (setting, e["job"], e["round"]) in done:
+        if setting is None or e["job"] not in names or e["round"] >= rounds or (setting, e["job"], e["round"]) in taken:
             continue
         results[setting].samples.setdefault(e["job"], []).append(Sample(**e["sample"]))
-        done.add((setting, e["job"], e["round"]))
-    return done
-
-
-def _entry_id(entry: dict, settings: list[Setting]) -> tuple[Setting, str, int] | None:
-    """A record entry's (setting, configuration, round), as ``pool`` marks what it took."""
-    known = {(s.recipe, s.steps, s.threads): s for s in settings}
-    setting = known.get((entry["setting"]["recipe"], entry["setting"]["steps"], entry["setting"]["threads"]))
-    return None if setting is None else (setting, entry["job"], entry["round"])
+        taken[(setting, e["job"], e["round"])] = e
+    return taken
 
 
 def main(argv: list[str]) -> None:
@@ -619,7 +612,7 @@ def main(argv: list[str]) -> None:
           flush=True)
     results = {s: Results() for s in settings}
     key = record = None
-    done: set[tuple[Setting, str, int]] = set()
+    done: dict[tuple[Setting, str, int], dict] = {}
     provenance = Provenance()
     if args.record is not None:
         record = args.record
@@ -627,11 +620,8 @@ def main(argv: list[str]) -> None:
         entries, other = job_record.load(record, key)
         provenance.code = key["code"]
         done = pool(entries, results, jobs, args.rounds)
-        firsts = {}
-        for e in entries:  # the entry pool() took for each (setting, configuration, round): the first
-            firsts.setdefault(_entry_id(e, settings), e)
-        provenance.pooled = [e.get("time", "") for i, e in firsts.items() if i in done]
-        provenance.commits = [e.get("commit") or "unrecorded" for i, e in firsts.items() if i in done]
+        provenance.pooled = [e.get("time", "") for e in done.values()]
+        provenance.commits = [e.get("commit") or "unrecorded" for e in done.values()]
         print(f"record {record}: {len(done)} of {len(jobs) * len(settings) * args.rounds} jobs already measured "
               f"for this code, machine and overrides ({other} other line(s) left out)", flush=True)
     try:

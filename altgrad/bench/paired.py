@@ -49,23 +49,21 @@ def judge(ratios: Sequence[float | None], bound: float, at_least: bool = False) 
     estimate = math.exp(test.mean)
     interval = test.ci(1 - ALPHA)
     if interval is None:  # one round: no spread to judge with
-        return Judgement(test.n, estimate, None, UNSETTLED, _rounds_needed(None, test.mean, math.log(bound)))
+        return Judgement(test.n, estimate, None, UNSETTLED)
     lo, hi = interval
     edge = math.log(bound)  # an end within TIE of it touches it (log 1/x and −log x may differ in the last bit)
     good, bad = (lo >= edge - TIE, hi < edge - TIE) if at_least else (hi <= edge + TIE, lo > edge + TIE)
     verdict = MET if good else MISSED if bad else UNSETTLED
     sd = test.se * math.sqrt(test.n)
-    needed = _rounds_needed(sd, test.mean, math.log(bound)) if verdict == UNSETTLED else None
+    needed = _rounds_needed(sd, test.mean, edge) if verdict == UNSETTLED else None
     return Judgement(test.n, estimate, (math.exp(lo), math.exp(hi)), verdict, needed)
 
 
-def _rounds_needed(sd: float | None, mean: float, bound: float) -> int | None:
+def _rounds_needed(sd: float, mean: float, bound: float) -> int:
     """Rounds that settle the target with 80 % power if today's mean and sd are the truth: the paired t-test's n
-    (``altgrad.report.stats.seeds_needed``: the 95 % interval then clears the bound in ≈ 4 of 5 benches). None
-    without an sd; MAX_ROUNDS + 1 when more than MAX_ROUNDS would be needed, or the mean sits on the bound."""
-    if sd is None:
-        return None
-    n = seeds_needed(sd, abs(mean - bound), ALPHA, POWER, max_n=MAX_ROUNDS) if mean != bound else None
+    (``altgrad.report.stats.seeds_needed``: the 95 % interval then clears the bound in ≈ 4 of 5 benches);
+    MAX_ROUNDS + 1 when more than MAX_ROUNDS would be needed, or the mean sits on the bound (no margin)."""
+    n = seeds_needed(sd, abs(mean - bound), ALPHA, POWER, max_n=MAX_ROUNDS)
     return MAX_ROUNDS + 1 if n is None else n
 
 

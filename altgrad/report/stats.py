@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -362,9 +362,17 @@ def tost_seeds_needed(sd: float, margin: float, level: float, power: float = TOS
         quantiles = t_critical(n - 1, 1.0 - 2.0 * level) + t_critical(n - 1, 1.0 - beta)
         return n >= quantiles ** 2 * ratio
 
+    return _smallest_n(enough, max_n)
+
+
+def _smallest_n(enough: Callable[[int], bool], max_n: int) -> int | None:
+    """The smallest n in [2, max_n] with ``enough(n)``, None if not even max_n. ``enough`` must hold from some n on
+    (n − (quantiles)²·σ²/δ² grows with n, since the t quantiles shrink), so n is bisected."""
+    if enough(2):
+        return 2
     if not enough(max_n):
         return None
-    low, high = 1, max_n  # n − (quantiles)²·σ²/δ² grows with n (the quantiles shrink): bisect on n
+    low, high = 2, max_n
     while high - low > 1:
         mid = (low + high) // 2
         if enough(mid):
@@ -393,15 +401,4 @@ def seeds_needed(sd: float, margin: float, alpha: float, power: float, max_n: in
         quantiles = t_critical(n - 1, 1.0 - alpha) + beyond
         return n >= quantiles ** 2 * ratio
 
-    if enough(2):
-        return 2
-    if not enough(max_n):
-        return None
-    low, high = 2, max_n  # enough(low) is false, enough(high) true, and enough grows with n: bisect on n
-    while high - low > 1:
-        mid = (low + high) // 2
-        if enough(mid):
-            high = mid
-        else:
-            low = mid
-    return high
+    return _smallest_n(enough, max_n)
