@@ -6,7 +6,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from altgrad.report import plots, provenance, tables
+from altgrad.report import outliers, plots, provenance, tables
 from altgrad.report import study_records as records
 from altgrad.report.benefit import stability_thresholds, ulp_benefits
 from altgrad.report.caveats import caveat_lines, tuning_runs
@@ -180,6 +180,7 @@ def write_report(sweep_dirs: Sequence[str | os.PathLike[str]], out_dir: str | os
         power = records.read_power(sweep.roots)
         extra = records.horizon_lines(results) + records.tuning_lines(tuned)
         extra += [line for r in results if r.endpoint.label == "arm" for line in records.mechanism_lines(r)]
+        extra += [line for r in results if r.endpoint.label == "arm" for line in outliers.finding_lines(r)]
         if any(r.endpoint.label == "arm" for r in results) or power is not None:
             extra.append(records.power_line(power))
         parts[-2] += "".join(f"\n- {line}" for line in extra)
@@ -239,6 +240,21 @@ def write_report(sweep_dirs: Sequence[str | os.PathLike[str]], out_dir: str | os
                   tables.ranking_table(result), "",
                   _figure(mantissa_png, "Δ and updates below half a ULP against mantissa bits",
                           "No format with a Δ and a known mantissa width."), ""]
+        spread = outliers.spreads(result) if result.endpoint.label == "arm" else []
+        if spread:
+            confidence = 1 - result.endpoint.alpha
+            parts += ["### Outlying runs", "",
+                      ("An undeclared, descriptive look, outside the families and their correction: the declared "
+                       "tables above are what to quote. A run is *outlying* when its final loss is more than the tie "
+                       f"margin (±{result.endpoint.tie_margin:g}) above its cell's median and its modified z-score "
+                       f"0.6745 · (x − median) / MAD exceeds {outliers.Z_LIMIT:g} (Iglewicz & Hoaglin). It is meant "
+                       "for a seed left on a plateau while its cell's others learn, and flags any run far above its "
+                       "cell, a diverged one too. A paired mean over a handful of seeds is "
+                       "ruled by such a run, so each comparison that pairs one is shown again without those seeds."),
+                      "", tables.outlier_table(spread), ""]
+            cut = outliers.trimmed(result, spread)
+            if cut:
+                parts += [tables.trimmed_table(cut, confidence), ""]
         if near[k]:
             parts += ["### Sensitivity to the reference's lr", "",
                       ("Each declared contrast with its reference arm at the lrs next to the declared one, wherever "

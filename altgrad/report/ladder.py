@@ -86,7 +86,7 @@ def p_exceeds(test: TTest, margin: float) -> float | None:
     return 1.0 - student_t_cdf((test.mean - margin) / test.se, test.df)
 
 
-def _values(result: StudyResult, jobs: Sequence[Job], fmt: str, arm: str) -> tuple[dict[int, float], int, int]:
+def cell_values(result: StudyResult, jobs: Sequence[Job], fmt: str, arm: str) -> tuple[dict[int, float], int, int]:
     """Per-seed values of one (format, arm) cell (failures at their initial loss), its runs and failures."""
     ep = result.endpoint
     fjobs = [j for j in jobs if j.format == fmt]
@@ -143,12 +143,12 @@ def ladder(result: StudyResult) -> Ladder | None:
     if ep.stages is None or ep.label != "arm":
         return None
     jobs = (*result.jobs, *result.ladder_jobs)
-    ref, _, _ = _values(result, jobs, ep.stages.reference_format, ep.stages.reference_arm)
+    ref, _, _ = cell_values(result, jobs, ep.stages.reference_format, ep.stages.reference_arm)
     raw = []
     for fmt in result.formats:
         previous = ref
         for arm in ep.stages.arms:
-            values, runs, failures = _values(result, jobs, fmt, arm)
+            values, runs, failures = cell_values(result, jobs, fmt, arm)
             deltas = _paired(values, ref)
             test = t_test(list(deltas.values()))
             step = t_test(list(_paired(values, previous).values()))
@@ -170,9 +170,9 @@ def recovery(result: StudyResult) -> list[Recovered]:
         return []
     raw = []
     for fmt in result.formats:
-        ref, _, _ = _values(result, result.jobs, fmt, ep.recovery.reference)
+        ref, _, _ = cell_values(result, result.jobs, fmt, ep.recovery.reference)
         for arm in ep.recovery.arms:
-            values, runs, _ = _values(result, result.jobs, fmt, arm)
+            values, runs, _ = cell_values(result, result.jobs, fmt, arm)
             if runs == 0:
                 continue  # an arm the plan runs in other formats only (Madam: e7m0)
             deltas = _paired(values, ref)

@@ -10,6 +10,7 @@ from altgrad.report.cells import CONTEXT_FIELDS, Cell, describe, varying_fields
 from altgrad.report.endpoint import Contrast
 from altgrad.report.ladder import Ladder, Recovered
 from altgrad.report.load import Job
+from altgrad.report.outliers import CellSpread, Trimmed
 from altgrad.report.sensitivity import Neighbour
 from altgrad.report.stages import FormatAttribution
 from altgrad.report.stats import Summary, TTest, summarize
@@ -334,3 +335,24 @@ def recovery_table(rows: Sequence[Recovered], reference: str, margin: float) -> 
                     f"{r.tost_adjusted:.3g}", r.verdict])
     return markdown_table(["format", "arm", "seed pairs", f"Δ vs {reference} [95% CI]", "p", "Holm p",
                            f"TOST ±{margin:g} Holm p", "verdict"], out)
+
+
+def outlier_table(cells: Sequence[CellSpread]) -> str:
+    """Every cell of a declaration: its seeds, median and outlying runs (altgrad/report/outliers.py)."""
+    rows = [[c.format, c.arm, c.part, len(c.values), num(c.median),
+             ", ".join(f"seed {s}: {num(c.values[s], 3)}" for s in c.outlying) or "none"] for c in cells]
+    return markdown_table(["format", "arm", "part", "seeds", "median final loss", "outlying runs"], rows)
+
+
+def trimmed_table(rows: Sequence[Trimmed], confidence: float) -> str:
+    """Each paired comparison with and without the seeds that hold an outlying run."""
+    def delta(t: TTest) -> str:
+        ci = t.ci(confidence)
+        return num(t.mean, signed=True) + ("" if ci is None else f" [{num(ci[0], signed=True)}, "
+                                           f"{num(ci[1], signed=True)}]")
+
+    body = [[r.name, r.format, r.full.n, delta(r.full), ", ".join(str(s) for s in r.dropped), r.kept.n,
+             delta(r.kept)] for r in rows]
+    conf = f"{100 * confidence:g}% CI"
+    return markdown_table(["comparison", "format", "seed pairs", f"Δ [{conf}], all pairs", "seeds left out",
+                           "pairs kept", f"Δ [{conf}] without them"], body)

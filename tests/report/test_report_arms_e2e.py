@@ -48,7 +48,9 @@ def test_a_full_arm_study_has_every_section_and_regenerates(tmp_path: Path) -> N
                  "Recovery: each arm − adamw_fm", "## Study records: pilot, tuning, mechanism",
                  "Power (power.json): pooled paired SD 0.0120 on 4 df", "## Provenance",
                  "- Data: one set of data files across the", "- Code: one code state, c0ffee",
-                 "Format control e0m7 (no exponent bits", "e4m3 first fails at **stage_wag_rn**"):
+                 "Format control e0m7 (no exponent bits", "e4m3 first fails at **stage_wag_rn**",
+                 "### Outlying runs", "| e0m7 | stage_wag_rn | ladder | 6 | ",
+                 "| stage_wag_rn − fp32 stage_w | e0m7 | 6 |"):
         assert part in text, part
     assert (tmp_path / "a" / "failure_ladder.png").is_file()
     assert "Declared parts with no records yet" not in text
