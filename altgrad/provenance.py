@@ -1,5 +1,5 @@
 """Which code a run ran: the git commit of the checkout the `altgrad` package is imported from, and whether its
-tracked files were modified. Recorded in summary.json (`code`), so a study can tell runs of different code apart.
+tracked code files were modified. Recorded in summary.json (`code`), so a study can tell runs of different code apart.
 
 One `git status` call per process (cached); a package that is not a git checkout, a missing git, or a slow one
 records nulls and never stops a run.
@@ -35,18 +35,44 @@ def _git(root: Path, *args: str) -> str | None:
     return out.stdout if out.returncode == 0 else None
 
 
+def is_code(path: str) -> bool:
+    """Whether a repository path is code a run's numbers can depend on: below CODE_PATHS, not a study's table."""
+    return any(path == c or path.startswith(c + "/") for c in CODE_PATHS) and not path.startswith(STUDY_TABLES)
+
+
+def _changed_paths(status: str) -> list[str]:
+    """The paths of ``git status --porcelain=v2 -z``'s change entries (both paths of a rename or copy)."""
+    fields = status.split("\0")
+    paths: list[str] = []
+    i = 0
+    while i < len(fields):
+        entry = fields[i]
+        i += 1
+        if entry.startswith("1 "):            # ordinary: "1 XY sub mH mI mW hH hI path"
+            paths.append(entry.split(" ", 8)[8])
+        elif entry.startswith("2 "):          # renamed or copied: "... X<score> path", then the original path
+            paths.append(entry.split(" ", 9)[9])
+            if i < len(fields):
+                paths.append(fields[i])
+                i += 1
+        elif entry.startswith("u "):          # unmerged: "u XY sub m1 m2 m3 mW h1 h2 h3 path"
+            paths.append(entry.split(" ", 10)[10])
+    return paths
+
+
 @functools.lru_cache(maxsize=None)
 def code_state(root: Path = PACKAGE_ROOT) -> dict[str, Any]:
-    """{"commit": HEAD's sha or None, "dirty": whether tracked files differ from it, or None when unknown}."""
+    """{"commit": HEAD's sha or None, "dirty": whether a tracked file of the code (``is_code``) differs from it, or
+    None when unknown}. A changed record, doc, test or tuned-lr table (a study writes its table, then runs from it:
+    each run's config holds the lrs it took) leaves the code as committed, as ``code_tree`` reads it too."""
     unknown: dict[str, Any] = {"commit": None, "dirty": None}
-    out = _git(root, "status", "--porcelain=v2", "--branch", "--untracked-files=no")
+    out = _git(root, "status", "--porcelain=v2", "--branch", "--untracked-files=no", "-z")
     if out is None:
         return unknown
-    lines = out.splitlines()
-    commit = next((line.split()[2] for line in lines if line.startswith("# branch.oid ")), None)
+    commit = next((f.split()[2] for f in out.split("\0") if f.startswith("# branch.oid ")), None)
     if commit is None or commit == "(initial)":
         return unknown
-    return {"commit": commit, "dirty": any(not line.startswith("#") for line in lines)}
+    return {"commit": commit, "dirty": any(is_code(p) for p in _changed_paths(out))}
 
 
 def code_tree(commit: str, root: Path = PACKAGE_ROOT) -> tuple[str, ...] | None:

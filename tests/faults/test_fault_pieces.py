@@ -144,3 +144,47 @@ def test_a_noting_guard_keeps_the_first_signal_and_polls_the_launcher() -> None:
         assert guard.requested and guard.signum == signal.SIGUSR1  # the launcher was signalled
     finally:
         guard.uninstall()
+
+
+def test_only_a_changed_code_file_makes_the_code_state_dirty(tmp_path: Path) -> None:
+    """A study writes its tuned-lr table and runs from it before the table is committed: those runs ran the
+    committed code (their config holds the lrs), as does a run beside an edited doc, test or record."""
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@t"}
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", str(tmp_path), *args], capture_output=True, text=True, check=True,
+                              env=env).stdout.strip()
+
+    def write(path: str, text: str) -> None:
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(text)
+
+    def state() -> dict:
+        code_state.cache_clear()
+        return code_state(tmp_path)
+
+    git("init", "-q")
+    for path in ("altgrad/a b.py", "conf/c.yaml", "conf/experiment/optim/tuned/s.yaml", "docs/r.md", "tests/t.py",
+                 "pyproject.toml", "Makefile", "altgraded.txt"):
+        write(path, "1\n")
+    git("add", "-A")
+    git("commit", "-q", "-m", "all")
+    head = git("rev-parse", "HEAD")
+    assert state() == {"commit": head, "dirty": False}
+    for path in ("conf/experiment/optim/tuned/s.yaml", "docs/r.md", "tests/t.py", "altgraded.txt"):
+        write(path, "2\n")
+    write("altgrad/new.py", "untracked\n")
+    assert state() == {"commit": head, "dirty": False}
+    for path, change in (("altgrad/a b.py", "edit"), ("conf/c.yaml", "stage"), ("Makefile", "edit"),
+                         ("pyproject.toml", "rename")):
+        git("stash", "-q")
+        if change == "rename":
+            git("mv", path, "renamed.toml")
+        else:
+            write(path, "3\n")
+            if change == "stage":
+                git("add", path)
+        assert state() == {"commit": head, "dirty": True}, (path, change)
+        git("reset", "-q", "--hard")
+    code_state.cache_clear()
