@@ -32,7 +32,7 @@ def _distinct(values: Sequence[object]) -> list[object]:
     return list(dict.fromkeys(v for v in values if v is not None))
 
 
-def _loss_at(curve: Sequence[tuple[int, float]], step: int) -> float | None:
+def loss_at(curve: Sequence[tuple[int, float]], step: int) -> float | None:
     """The validation loss logged at the last step <= ``step`` (None when the curve starts later)."""
     before = [v for s, v in curve if s <= step]
     return before[-1] if before else None
@@ -87,7 +87,7 @@ def horizon_lines(scope: Sequence[Job], others: Sequence[Job]) -> list[str]:
     horizon = statistics.median_low([_steps(j) for j in done])
     falls = []
     for job in done:
-        start, end = _loss_at(job.curve, horizon * 3 // 4), _loss_at(job.curve, horizon)
+        start, end = loss_at(job.curve, horizon * 3 // 4), loss_at(job.curve, horizon)
         if start is not None and end is not None and start > 0:
             falls.append((start - end) / start)
     lines = []
@@ -108,7 +108,7 @@ def horizon_lines(scope: Sequence[Job], others: Sequence[Job]) -> list[str]:
     longer = [j for j in others if j.state == "completed" and (j.get("model"), j.get("data")) in models
               and j.curve and _steps(j) >= 2 * horizon]
     for job in longer:
-        at_h, end = _loss_at(job.curve, horizon), job.curve[-1][1]
+        at_h, end = loss_at(job.curve, horizon), job.curve[-1][1]
         if at_h is not None and at_h > 0:
             lines.append(f"A longer run of the same model and data ({job.format} {job.optimizer_label}, lr "
                          f"{job.lr:g}, seed {job.seed}): validation loss {at_h:.3f} at step {horizon}, {end:.3f} at "
@@ -262,7 +262,7 @@ def json_key(data: object) -> tuple | None:
 
 
 def _mean_curve_at(jobs: Sequence[Job], step: int) -> float | None:
-    values = [v for j in jobs if j.state == "completed" and (v := _loss_at(j.curve, step)) is not None]
+    values = [v for j in jobs if j.state == "completed" and (v := loss_at(j.curve, step)) is not None]
     return statistics.fmean(values) if values else None
 
 

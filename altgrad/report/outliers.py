@@ -18,10 +18,12 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from altgrad.report.caveats import loss_at
 from altgrad.report.endpoint import Contrast
 from altgrad.report.ladder import cell_values, ladder
+from altgrad.report.load import Job
 from altgrad.report.stats import TTest, t_test
 from altgrad.report.study import StudyResult
 
@@ -39,6 +41,8 @@ class CellSpread:
     values: dict[int, float]
     median: float
     outlying: tuple[int, ...]
+    midway: dict[int, float] = field(default_factory=dict)   # per seed: val loss at the last logged step ≤ H/2
+    midway_step: int | None = None                          # that step (≤ H/2), None without a horizon
 
 
 @dataclass(frozen=True)
@@ -73,18 +77,34 @@ def spreads(result: StudyResult) -> list[CellSpread]:
     """Every cell of the declaration with values: its declared arms in the family's formats, then the ladder's
     reference and rungs."""
     ep = result.endpoint
-    cells: list[tuple[str, str, str, dict[int, float]]] = [
-        (fmt, label, "evaluation", dict(arm.values)) for (fmt, label), arm in result.arms.items()
+    cells: list[tuple[str, str, str, dict[int, float], Sequence[Job]]] = [
+        (fmt, label, "evaluation", dict(arm.values), arm.jobs) for (fmt, label), arm in result.arms.items()
         if fmt in result.formats]
     if ep.stages is not None and ep.label == "arm":
         jobs = (*result.jobs, *result.ladder_jobs)
         ref = ep.stages.reference_format, ep.stages.reference_arm
-        cells.append((*ref, "ladder", cell_values(result, jobs, *ref)[0]))
-        cells += [(fmt, arm, "ladder", cell_values(result, jobs, fmt, arm)[0])
-                  for fmt in result.formats for arm in ep.stages.arms]
+        for fmt, arm in (ref, *((f, a) for f in result.formats for a in ep.stages.arms)):
+            cells.append((fmt, arm, "ladder", cell_values(result, jobs, fmt, arm)[0],
+                          [j for j in jobs if j.format == fmt and j.arm == arm]))
+    mid = ep.horizon // 2 if ep.horizon is not None else None
+    every = [j for *_, members in cells for j in members]
+    logged = [s for j in every for s, _ in j.curve if mid is not None and s <= mid]
+    step = max(logged) if logged else None       # the validation step the runs logged at or before H/2
     return [CellSpread(fmt, arm, part, values, statistics.median(values.values()),
-                       outlying_seeds(values, ep.tie_margin))
-            for fmt, arm, part, values in cells if values]
+                       outlying_seeds(values, ep.tie_margin), _midway(members, step), step)
+            for fmt, arm, part, values, members in cells if values]
+
+
+def _midway(jobs: Sequence[Job], step: int | None) -> dict[int, float]:
+    """Per seed, the validation loss at the last logged step ≤ ``step`` (seeds without one are left out)."""
+    if step is None:
+        return {}
+    out = {}
+    for job in jobs:
+        v = loss_at(job.curve, step)
+        if job.seed is not None and v is not None:
+            out[job.seed] = v
+    return out
 
 
 def _trim(name: str, fmt: str, contrast: Contrast | None, deltas: Mapping[int, float], full: TTest,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 from typing import Any
 
@@ -338,10 +339,25 @@ def recovery_table(rows: Sequence[Recovered], reference: str, margin: float) -> 
 
 
 def outlier_table(cells: Sequence[CellSpread]) -> str:
-    """Every cell of a declaration: its seeds, median and outlying runs (altgrad/report/outliers.py)."""
-    rows = [[c.format, c.arm, c.part, len(c.values), num(c.median),
-             ", ".join(f"seed {s}: {num(c.values[s], 3)}" for s in c.outlying) or "none"] for c in cells]
-    return markdown_table(["format", "arm", "part", "seeds", "median final loss", "outlying runs"], rows)
+    """Every cell of a declaration: its seeds, medians (at the end and halfway) and outlying runs with both losses
+    (altgrad/report/outliers.py)."""
+    mid = next((c.midway_step for c in cells if c.midway_step is not None), None)
+
+    def run(c: CellSpread, seed: int) -> str:
+        halfway = c.midway.get(seed)
+        return f"seed {seed}: {num(c.values[seed], 3)}" + ("" if halfway is None else f" ({num(halfway, 3)})")
+
+    rows = []
+    for c in cells:
+        row = [c.format, c.arm, c.part, len(c.values), num(c.median)]
+        if mid is not None:
+            row.append(num(statistics.median(c.midway.values())) if c.midway else "—")
+        rows.append(row + [", ".join(run(c, s) for s in c.outlying) or "none"])
+    headers = ["format", "arm", "part", "seeds", "median final loss"]
+    if mid is not None:
+        headers.append(f"median at step {mid}")
+    return markdown_table(headers + ["outlying runs: final loss" + (f" (at step {mid})" if mid is not None else "")],
+                          rows)
 
 
 def trimmed_table(rows: Sequence[Trimmed], confidence: float) -> str:

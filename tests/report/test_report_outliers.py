@@ -127,3 +127,21 @@ def test_a_study_without_stalls_says_so() -> None:
     assert not any(c.outlying for c in cells) and trimmed(result, cells) == []
     (line,) = finding_lines(result)
     assert line.endswith(f"none among {sum(len(c.values) for c in cells)} runs in {len(cells)} cells.")
+
+
+def test_each_outlying_run_shows_where_it_was_halfway() -> None:
+    """The halfway loss tells a seed left on the plateau (high at H/2 too) from one that went wrong late."""
+    def with_curve(j: Job) -> Job:
+        final = j.summary["final_val_loss"]
+        halfway = 5.0 if (j.format, j.arm, j.seed) in STALLS else (final or 5.5) + 0.4
+        return dataclasses.replace(j, curve=((0, 5.5), (24, halfway), (49, final or 5.5)))
+
+    result = run([with_curve(j) for j in _stalled(ladder_study(), STALLS)])
+    cells = {(c.format, c.arm): c for c in spreads(result)}
+    adamw = cells[("e4m3", "adamw_sr")]
+    assert adamw.midway_step == 24 and adamw.midway[2] == 5.0 and len(adamw.midway) == 6   # H = 50: step 24 ≤ 25
+    table = outlier_table(list(cells.values()))
+    assert "| median at step 24 | outlying runs: final loss (at step 24) |" in table
+    assert f"seed 2: {adamw.values[2]:.3f} (5.000)" in table
+    others = sorted(v for s, v in adamw.midway.items() if s != 2)
+    assert f"| e4m3 | adamw_sr | evaluation | 6 | {adamw.median:.4f} | {np.median([*others, 5.0]):.4f} |" in table
