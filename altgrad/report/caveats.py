@@ -1,6 +1,7 @@
 """The caveats of a report, computed from the runs themselves: the scale they ran at, the hardware they simulated
 the formats on, what the format was applied to and how the weights were stored, the data, whether the loss was
-still falling at the horizon (and what a Δ is worth in steps there), and how the lrs were chosen.
+still falling at the horizon (and what a Δ is worth in steps there), how the lrs were chosen, and contrasts whose
+arms take the same step by construction in some format.
 
 The answer of a study holds for what was run; these lines say what that was, so a reader does not have to dig the
 limits of the evidence out of the configs. Scope: the jobs of the declared studies (the evaluation) when there are
@@ -14,9 +15,9 @@ import statistics
 from collections.abc import Sequence
 
 from altgrad.report.load import Job
-from altgrad.report.order import FORMAT_ORDER, rank
+from altgrad.report.order import FORMAT_ORDER, mantissa_bits, rank
 from altgrad.report.stats import summarize
-from altgrad.report.study import StudyResult
+from altgrad.report.study import Arm, Comparison, StudyResult
 
 STILL_LEARNING = 0.03
 """Fall of the validation loss over the last quarter of the horizon, relative to its value at the start of that
@@ -293,6 +294,42 @@ def time_shift_line(result: StudyResult) -> str | None:
             "this steep a Δ at H can be one arm reaching the same curve earlier rather than a lower loss.")
 
 
+def _optimizer(arm: Arm | None) -> dict:
+    """The optimizer config an arm's runs share (empty when they ran none or several)."""
+    configs = [j.config.get("optimizer") for j in (arm.jobs if arm is not None else ())]
+    first = configs[0] if configs else None
+    return first if isinstance(first, dict) and all(c == first for c in configs) else {}
+
+
+def _ulp_is_magnitude(c: Comparison) -> bool:
+    """Whether one arm is ManifoldAdamW stepping in ULPs on the update and the other the relative step, in a format
+    without mantissa bits, where the ULP at w is |w|: with ``smooth`` stiffness (|w|·2^−M) always, with ``pow2``
+    (2^⌊log2|w|⌋) where w is on the grid, i.e. stored there (no float32 master copy, which sits between grid points)."""
+    names = {_optimizer(c.treatment).get("name"), _optimizer(c.reference).get("name")}
+    arm = next((a for a in (c.treatment, c.reference) if _optimizer(a).get("name") == "manifold"), None)
+    if names != {"manifold", "relative"} or arm is None or mantissa_bits(c.format) != 0:
+        return False
+    manifold = _optimizer(arm)
+    on_grid = all(j.master == "none" for j in arm.jobs)
+    return (manifold.get("stiffness_on", "update") == "update"
+            and (manifold.get("stiffness_kind", "pow2") == "smooth" or on_grid))
+
+
+def same_step_line(result: StudyResult) -> str | None:
+    """The contrasts whose two arms take the same step by construction in some format (manifold against relative
+    where a ULP is |w|), so that their Δ there cannot tell the grid from a step ∝ |w|."""
+    hits = [c for c in (*result.comparisons, *result.secondary, *result.controls)
+            if c.treatment is not None and c.reference is not None and _ulp_is_magnitude(c)]
+    if not hits:
+        return None
+    names = "; ".join(f"{c.contrast.label + ': ' if c.contrast.label else ''}{c.contrast.name} in {c.format}"
+                      for c in hits)
+    return (f"Same step by construction: {names}. The format has no mantissa bits, so every value on its grid is a "
+            "power of two and the ULP at a weight stored there is |w|: ManifoldAdamW's step lr · ULP(w) · m̂/(√v̂+ε) "
+            "is the relative step lr · |w| · m̂/(√v̂+ε) except at the grid's lower edge. A Δ ≈ 0 there is expected "
+            "whatever the grid does; only formats with mantissa bits can separate the grid from a step ∝ |w|.")
+
+
 def caveat_lines(jobs: Sequence[Job], study_jobs: Sequence[Job] = (),
                  results: Sequence[StudyResult] = ()) -> list[str]:
     """The caveats of the evidence (markdown sentences): scale, hardware, storage, what the format is applied to,
@@ -310,6 +347,7 @@ def caveat_lines(jobs: Sequence[Job], study_jobs: Sequence[Job] = (),
     lines += [line for line in (roles_line(scope), data_line(scope)) if line]
     lines += horizon_lines(scope, others)
     lines += [line for r in results if (line := time_shift_line(r))]
+    lines += [line for r in results if (line := same_step_line(r))]
     if study_jobs:
         lines += [line for line in (tuning_line(scope, others), lr_grid_line(scope, others)) if line]
     return lines

@@ -88,3 +88,34 @@ def test_the_lr_scan_spacing_and_the_cliff_above_each_pick_are_stated() -> None:
     gentle = [job(101, falling(loss, 0.1), lr=lr) for lr, loss in ((1e-3, 1.1), (3e-3, 1.0), (1e-2, 1.2))]
     line = next(x for x in caveat_lines([*scope, *gentle], scope) if x.startswith("Learning-rate scan"))
     assert "cliff" not in line
+
+
+def test_manifold_against_relative_in_a_format_without_mantissa_bits_is_named_the_same_step() -> None:
+    """In e7m0 a ULP at w is |w|, so manifold[update] − relative compares one step with itself: the caveat names
+    that contrast in that format only, and not when manifold puts its ULPs on the gradient instead."""
+    import dataclasses
+
+    from test_report_arms import PLANTED, run, study
+
+    from altgrad.report.caveats import same_step_line
+
+    jobs = study(PLANTED)
+    line = same_step_line(run(jobs))
+    assert line is not None and line.startswith("Same step by construction: P1: manifold_sr − relative_sr in e7m0. ")
+    assert "e4m3" not in line and "e0m7" not in line and "C1" not in line     # mantissa bits there
+    on_grad = [dataclasses.replace(j, summary={**j.summary, "config": {**j.summary["config"], "optimizer": {
+        **j.summary["config"]["optimizer"], "stiffness_on": "grad"}}}) if j.arm.startswith("manifold") else j
+        for j in jobs]
+    assert same_step_line(run(on_grad)) is None
+    def fp32_master(j, kind: str = "pow2"):
+        summary = {**j.summary, "master": "fp32"} if j.arm.startswith("manifold") else j.summary
+        if j.arm.startswith("manifold"):
+            summary["config"] = {**summary["config"], "optimizer": {**summary["config"]["optimizer"],
+                                                                      "stiffness_kind": kind}}
+        return dataclasses.replace(j, summary=summary)
+
+    # a float32 master weight sits between grid points: pow2's ULP is |w| floored to a power of two, not |w|
+    assert same_step_line(run([fp32_master(j) for j in jobs])) is None
+    assert same_step_line(run([fp32_master(j, "smooth") for j in jobs])) is not None   # smooth: |w|·2^0 = |w|
+    no_relative = [j for j in jobs if j.arm != "relative_sr"]
+    assert same_step_line(run(no_relative)) is None                            # no runs: nothing to compare
