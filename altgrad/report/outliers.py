@@ -140,7 +140,8 @@ def trimmed(result: StudyResult, cells: Sequence[CellSpread]) -> list[Trimmed]:
     return out
 
 
-def _delta(t: TTest, confidence: float) -> str:
+def delta_text(t: TTest, confidence: float) -> str:
+    """``+0.0123 [-0.0100, +0.0346]``: a mean Δ with its CI (the mean alone without one, ``—`` without a mean)."""
     ci = t.ci(confidence)
     if t.mean is None:
         return "—"
@@ -169,8 +170,8 @@ def finding_lines(result: StudyResult) -> list[str]:
     lines = [head + f"{flagged} of {total} runs; per arm over its formats: {tally} (table: Outlying runs)."]
     primary = [r for r in trimmed(result, cells) if r.contrast == ep.primary_contrast]
     if primary:
-        moved = "; ".join(f"{r.format} {_delta(r.kept, confidence)} over {r.kept.n} pairs (all {r.full.n}: "
-                          f"{_delta(r.full, confidence)})" for r in primary)
+        moved = "; ".join(f"{r.format} {delta_text(r.kept, confidence)} over {r.kept.n} pairs (all {r.full.n}: "
+                          f"{delta_text(r.full, confidence)})" for r in primary)
         lines.append(f"Without the seeds that hold an outlying run, the primary contrast "
                      f"{ep.primary_contrast.name} (Δ, {100 * confidence:g}% CI, uncorrected; descriptive): {moved}.")
     return lines

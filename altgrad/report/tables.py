@@ -11,7 +11,7 @@ from altgrad.report.cells import CONTEXT_FIELDS, Cell, describe, varying_fields
 from altgrad.report.endpoint import Contrast
 from altgrad.report.ladder import Ladder, Recovered
 from altgrad.report.load import Job
-from altgrad.report.outliers import CellSpread, Trimmed
+from altgrad.report.outliers import CellSpread, Trimmed, delta_text
 from altgrad.report.sensitivity import Neighbour
 from altgrad.report.stages import FormatAttribution
 from altgrad.report.stats import Summary, TTest, summarize
@@ -362,13 +362,8 @@ def outlier_table(cells: Sequence[CellSpread]) -> str:
 
 def trimmed_table(rows: Sequence[Trimmed], confidence: float) -> str:
     """Each paired comparison with and without the seeds that hold an outlying run."""
-    def delta(t: TTest) -> str:
-        ci = t.ci(confidence)
-        return num(t.mean, signed=True) + ("" if ci is None else f" [{num(ci[0], signed=True)}, "
-                                           f"{num(ci[1], signed=True)}]")
-
-    body = [[r.name, r.format, r.full.n, delta(r.full), ", ".join(str(s) for s in r.dropped), r.kept.n,
-             delta(r.kept)] for r in rows]
+    body = [[r.name, r.format, r.full.n, delta_text(r.full, confidence), ", ".join(str(s) for s in r.dropped),
+             r.kept.n, delta_text(r.kept, confidence)] for r in rows]
     conf = f"{100 * confidence:g}% CI"
     return markdown_table(["comparison", "format", "seed pairs", f"Δ [{conf}], all pairs", "seeds left out",
                            "pairs kept", f"Δ [{conf}] without them"], body)
