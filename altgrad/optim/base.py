@@ -56,6 +56,7 @@ class QuantAwareOptimizer(Optimizer, metaclass=abc.ABCMeta):
         if plain_weight_decay is not None and plain_weight_decay < 0:
             raise ValueError(f"{name}: plain_weight_decay={plain_weight_decay} is not valid; valid: >= 0, or None "
                              "(each group's own weight_decay)")
+        check_hyper(name, betas=plain_betas, eps=plain_eps, prefix="plain_")
         self.grids: dict[Tensor, Grid] | None = None if grids is None else dict(grids)
         groups: list[dict[str, Any]] = []
         for group in _as_groups(params):
@@ -143,6 +144,20 @@ class QuantAwareOptimizer(Optimizer, metaclass=abc.ABCMeta):
     def plain_params(self) -> list[Tensor]:
         """Parameters stepped by the plain AdamW groups."""
         return [p for g in self.param_groups if g["plain"] for p in g["params"]]
+
+
+def check_hyper(name: str, *, lr: float | None = None, lr_means: str = "", betas: tuple[float, float] | None = None,
+                eps: float | None = None, weight_decay: float | None = None, prefix: str = "") -> None:
+    """Refuse an invalid step hyper-parameter in one line naming it and what is valid; one wording for every rule,
+    torch.optim.AdamW's ranges (ε = 0 allowed, as there: the exactness tests use it).  None skips a check."""
+    if lr is not None and not lr > 0:
+        raise ValueError(f"{name}: {prefix}lr={lr} is not valid; valid: > 0{lr_means}")
+    if betas is not None and (len(tuple(betas)) != 2 or not all(0.0 <= b < 1.0 for b in betas)):
+        raise ValueError(f"{name}: {prefix}betas={tuple(betas)} are not valid; valid: two values, each in [0, 1)")
+    if eps is not None and not eps >= 0:
+        raise ValueError(f"{name}: {prefix}eps={eps} is not valid; valid: >= 0")
+    if weight_decay is not None and not weight_decay >= 0:
+        raise ValueError(f"{name}: {prefix}weight_decay={weight_decay} is not valid; valid: >= 0")
 
 
 def _as_groups(params: Iterable[Tensor] | Iterable[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from altgrad.optim.adam import hyper_tensor, init_adam_state
-from altgrad.optim.base import QuantAwareOptimizer
+from altgrad.optim.base import QuantAwareOptimizer, check_hyper
 from altgrad.optim.grid_walk import check_walkable, grid_adam_step_, grid_move_
 from altgrad.optim.kernels import step_kernel
 from altgrad.optim.stiffness import Grid
@@ -65,8 +65,7 @@ class GridOptim(QuantAwareOptimizer):
         kernel: str | None = None,
     ) -> None:
         self.kernel = step_kernel(kernel, "GridOptim")
-        if lr <= 0:
-            raise ValueError(f"GridOptim: lr={lr} is not valid; valid: > 0")
+        check_hyper("GridOptim", lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
         if inner not in INNER_RULES:
             raise ValueError(f"GridOptim: inner={inner!r} is not valid; valid: {', '.join(INNER_RULES)}")
         if lr_unit not in LR_UNITS:

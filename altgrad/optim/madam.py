@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from altgrad.optim.base import QuantAwareOptimizer
+from altgrad.optim.base import QuantAwareOptimizer, check_hyper
 from altgrad.optim.stiffness import Grid
 
 
@@ -44,8 +44,7 @@ class Madam(QuantAwareOptimizer):
         plain_eps: float | None = None,
         plain_weight_decay: float | None = None,
     ) -> None:
-        if lr <= 0:
-            raise ValueError(f"Madam: lr={lr} is not valid; valid: > 0")
+        check_hyper("Madam", lr=lr, weight_decay=weight_decay)
         if p_scale <= 0 or g_bound <= 0:
             raise ValueError(f"Madam: p_scale={p_scale}, g_bound={g_bound} are not valid; valid: both > 0")
         if not 0.0 <= beta < 1.0:

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from altgrad.optim.adam import adamw_step_, init_adam_state
-from altgrad.optim.base import QuantAwareOptimizer
+from altgrad.optim.base import QuantAwareOptimizer, check_hyper
 from altgrad.optim.stiffness import STIFFNESS_KINDS, Grid, grid_stiffness
 from altgrad.optim.kernels import NATIVE_STEP_KERNELS, step_kernel
 from altgrad.optim.native_step import native_refusal, stiff_adam_step_
@@ -56,10 +56,8 @@ class ManifoldAdamW(QuantAwareOptimizer):
         kernel: str | None = None,
     ) -> None:
         self.kernel = step_kernel(kernel, "ManifoldAdamW", NATIVE_STEP_KERNELS)
-        if lr <= 0:
-            raise ValueError(f"ManifoldAdamW: lr={lr} is not valid; valid: > 0 (ULPs per step for 'update')")
-        if not all(0.0 <= b < 1.0 for b in betas):
-            raise ValueError(f"ManifoldAdamW: betas={tuple(betas)} are not valid; valid: each in [0, 1)")
+        check_hyper("ManifoldAdamW", lr=lr, lr_means=" (ULPs per step for 'update')", betas=betas, eps=eps,
+                    weight_decay=weight_decay)
         defaults = {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay,
                         "stiffness_on": stiffness_on, "stiffness_kind": stiffness_kind}
         super().__init__(params, defaults, grids, plain_lr, plain_betas, plain_eps, plain_weight_decay)

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from altgrad.optim.adam import adamw_step_, init_adam_state
-from altgrad.optim.base import QuantAwareOptimizer
+from altgrad.optim.base import QuantAwareOptimizer, check_hyper
 from altgrad.optim.stiffness import Grid
 from altgrad.optim.kernels import NATIVE_STEP_KERNELS, step_kernel
 from altgrad.optim.native_step import native_refusal, stiff_adam_step_
@@ -48,12 +48,8 @@ class RelativeAdamW(QuantAwareOptimizer):
         kernel: str | None = None,
     ) -> None:
         self.kernel = step_kernel(kernel, "RelativeAdamW", NATIVE_STEP_KERNELS)
-        if lr <= 0:
-            raise ValueError(f"RelativeAdamW: lr={lr} is not valid; valid: > 0 (a fraction of |w| per step)")
-        if not all(0.0 <= b < 1.0 for b in betas):
-            raise ValueError(f"RelativeAdamW: betas={tuple(betas)} are not valid; valid: each in [0, 1)")
-        if weight_decay < 0:
-            raise ValueError(f"RelativeAdamW: weight_decay={weight_decay} is not valid; valid: >= 0")
+        check_hyper("RelativeAdamW", lr=lr, lr_means=" (a fraction of |w| per step)", betas=betas, eps=eps,
+                    weight_decay=weight_decay)
         defaults = {"lr": lr, "betas": tuple(betas), "eps": eps, "weight_decay": weight_decay}
         super().__init__(params, defaults, grids, plain_lr, plain_betas, plain_eps, plain_weight_decay)
 
