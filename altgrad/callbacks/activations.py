@@ -12,19 +12,22 @@ the rest of an 8-bit tensor onto a few codes.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
-from altgrad.callbacks.base import Instrument, backbone, linear_layers, metric_name, to_floats
-from altgrad.callbacks.probe import probe, probe_forward, probe_inputs
+from torch.utils.hooks import RemovableHandle
+
+from altgrad.callbacks.base import backbone, linear_layers, metric_name
+from altgrad.callbacks.probe import ProbeInstrument
 from altgrad.diagnostics import KURTOSIS_WARNING, kurtosis, range_use
 from altgrad.quant.layers import QuantLinear
 
 
-class ActivationCallback(Instrument):
+class ActivationCallback(ProbeInstrument):
     """Kurtosis of block outputs and Linear inputs, input range use, and dead MLP units, on a probe batch."""
 
     group = "act"
@@ -32,10 +35,7 @@ class ActivationCallback(Instrument):
 
     def __init__(self, every_n_steps: int = 50, max_sequences: int = 4,
                  warn_kurtosis: float = KURTOSIS_WARNING) -> None:
-        super().__init__(every_n_steps)
-        if int(max_sequences) < 1:
-            raise ValueError(f"max_sequences={max_sequences} is not valid; valid: integer >= 1")
-        self.max_sequences = int(max_sequences)
+        super().__init__(every_n_steps, max_sequences)
         self.warn_kurtosis = float(warn_kurtosis)
         self._warned: set[str] = set()
         self._max_kurtosis = float("-inf")
@@ -44,44 +44,37 @@ class ActivationCallback(Instrument):
     def measure(self, trainer: L.Trainer | None, pl_module: L.LightningModule, batch: Any) -> dict[str, float]:
         """Run the probe and return the metrics (also usable outside training, e.g. in tests)."""
         model = backbone(pl_module)
-        values: dict[str, torch.Tensor] = {}
-        hooks = []
 
-        def block_hook(name: str):
-            def hook(_m, _inp, out):
-                values[metric_name(self.group, name, "output", "kurtosis")] = kurtosis(out)
-            return hook
+        def hooks(values: dict[str, torch.Tensor]) -> Iterator[RemovableHandle]:
+            def block_hook(name: str):
+                def hook(_m, _inp, out):
+                    values[metric_name(self.group, name, "output", "kurtosis")] = kurtosis(out)
+                return hook
 
-        def input_hook(name: str, module: torch.nn.Module):
-            def hook(_m, args):
-                x = args[0]
-                values[metric_name(self.group, name, "input", "kurtosis")] = kurtosis(x)
-                if isinstance(module, QuantLinear) and module.input_q is not None:
-                    values[metric_name(self.group, name, "input", "range_use")] = range_use(
-                        x, module.input_q.spec.format)
-            return hook
+            def input_hook(name: str, module: torch.nn.Module):
+                def hook(_m, args):
+                    x = args[0]
+                    values[metric_name(self.group, name, "input", "kurtosis")] = kurtosis(x)
+                    if isinstance(module, QuantLinear) and module.input_q is not None:
+                        values[metric_name(self.group, name, "input", "range_use")] = range_use(
+                            x, module.input_q.spec.format)
+                return hook
 
-        def fc_hook(name: str):
-            def hook(_m, _inp, out):
-                active = (out.detach().reshape(-1, out.shape[-1]) > 0).any(dim=0)
-                values[metric_name(self.group, name, "output", "dead_frac")] = 1.0 - active.float().mean()
-            return hook
+            def fc_hook(name: str):
+                def hook(_m, _inp, out):
+                    active = (out.detach().reshape(-1, out.shape[-1]) > 0).any(dim=0)
+                    values[metric_name(self.group, name, "output", "dead_frac")] = 1.0 - active.float().mean()
+                return hook
 
-        blocks = getattr(getattr(model, "transformer", None), "h", None)
-        try:
-            if blocks is not None:
-                for i, block in enumerate(blocks):
-                    hooks.append(block.register_forward_hook(block_hook(f"transformer.h.{i}")))
+            blocks = getattr(getattr(model, "transformer", None), "h", None)
+            for i, block in enumerate(blocks if blocks is not None else ()):
+                yield block.register_forward_hook(block_hook(f"transformer.h.{i}"))
             for name, m in linear_layers(model):
-                hooks.append(m.register_forward_pre_hook(input_hook(name, m)))
+                yield m.register_forward_pre_hook(input_hook(name, m))
                 if name.endswith("mlp.c_fc"):
-                    hooks.append(m.register_forward_hook(fc_hook(name)))
-            with probe(trainer, model):
-                probe_forward(model, probe_inputs(batch, self.max_sequences))
-        finally:
-            for h in hooks:
-                h.remove()
-        return to_floats(values)
+                    yield m.register_forward_hook(fc_hook(name))
+
+        return self.probe_with_hooks(trainer, model, batch, hooks)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:

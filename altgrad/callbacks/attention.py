@@ -8,13 +8,16 @@ over T keys, 0 = one key). The model file is not touched; the probe runs outside
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import lightning as L
 import torch
 
-from altgrad.callbacks.base import Instrument, backbone, mean, to_floats
-from altgrad.callbacks.probe import probe, probe_forward, probe_inputs
+from torch.utils.hooks import RemovableHandle
+
+from altgrad.callbacks.base import backbone, mean
+from altgrad.callbacks.probe import ProbeInstrument
 from altgrad.diagnostics import attention_entropy, attention_probs
 
 
@@ -23,42 +26,33 @@ def attention_modules(model: torch.nn.Module) -> list[tuple[str, torch.nn.Module
     return [(n, m) for n, m in model.named_modules() if hasattr(m, "c_attn") and hasattr(m, "n_head")]
 
 
-class AttentionCallback(Instrument):
+class AttentionCallback(ProbeInstrument):
     """Logs ``attn/<block>.attn/head<k>/entropy`` for every head of every block."""
 
     group = "attn"
     run_state = ("_entropies", "_final")
 
     def __init__(self, every_n_steps: int = 50, max_sequences: int = 4) -> None:
-        super().__init__(every_n_steps)
-        if int(max_sequences) < 1:
-            raise ValueError(f"max_sequences={max_sequences} is not valid; valid: integer >= 1")
-        self.max_sequences = int(max_sequences)
+        super().__init__(every_n_steps, max_sequences)
         self._entropies: list[float] = []
         self._final: list[float] = []
 
     def measure(self, trainer: L.Trainer | None, pl_module: L.LightningModule, batch: Any) -> dict[str, float]:
         """Run the probe and return ``attn/...`` entropies."""
         model = backbone(pl_module)
-        values: dict[str, torch.Tensor] = {}
-        hooks = []
 
-        def make_hook(name: str, n_head: int):
-            def hook(_m, _inp, out):
-                ent = attention_entropy(attention_probs(out, n_head))
-                for k, e in enumerate(ent.unbind()):
-                    values[f"{self.group}/{name}/head{k}/entropy"] = e
-            return hook
+        def hooks(values: dict[str, torch.Tensor]) -> Iterator[RemovableHandle]:
+            def make_hook(name: str, n_head: int):
+                def hook(_m, _inp, out):
+                    ent = attention_entropy(attention_probs(out, n_head))
+                    for k, e in enumerate(ent.unbind()):
+                        values[f"{self.group}/{name}/head{k}/entropy"] = e
+                return hook
 
-        try:
             for name, attn in attention_modules(model):
-                hooks.append(attn.c_attn.register_forward_hook(make_hook(name, int(attn.n_head))))
-            with probe(trainer, model):
-                probe_forward(model, probe_inputs(batch, self.max_sequences))
-        finally:
-            for h in hooks:
-                h.remove()
-        return to_floats(values)
+                yield attn.c_attn.register_forward_hook(make_hook(name, int(attn.n_head)))
+
+        return self.probe_with_hooks(trainer, model, batch, hooks)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:

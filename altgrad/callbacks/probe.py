@@ -10,7 +10,7 @@ afterwards, so the next training step computes what it would have computed witho
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, nullcontext
 from typing import Any
 
@@ -18,6 +18,9 @@ import lightning as L
 import torch
 from torch import nn
 
+from torch.utils.hooks import RemovableHandle
+
+from altgrad.callbacks.base import Instrument, to_floats
 from altgrad.quant.fake_quant import GradQuantizer, TensorQuantizer
 
 
@@ -127,3 +130,29 @@ def probe_inputs(batch: Any, max_sequences: int) -> torch.Tensor:
     """The first ``max_sequences`` input sequences of the batch."""
     x, _ = split_batch(batch)
     return x[:max_sequences]
+
+
+class ProbeInstrument(Instrument):
+    """An Instrument that measures through temporary forward hooks during a probe of the batch's first
+    ``max_sequences`` sequences."""
+
+    def __init__(self, every_n_steps: int = 50, max_sequences: int = 4) -> None:
+        super().__init__(every_n_steps)
+        if int(max_sequences) < 1:
+            raise ValueError(f"{type(self).__name__}.max_sequences={max_sequences} is not valid; valid: integer >= 1")
+        self.max_sequences = int(max_sequences)
+
+    def probe_with_hooks(self, trainer: L.Trainer | None, model: nn.Module, batch: Any,
+                         hooks: Callable[[dict[str, torch.Tensor]], Iterable[RemovableHandle]]) -> dict[str, float]:
+        """Register ``hooks(values)`` (they fill ``values``), run one probe forward, remove every hook (also when
+        registering or the forward fails) and return the values as floats."""
+        values: dict[str, torch.Tensor] = {}
+        handles: list[RemovableHandle] = []
+        try:
+            handles.extend(hooks(values))
+            with probe(trainer, model):
+                probe_forward(model, probe_inputs(batch, self.max_sequences))
+        finally:
+            for h in handles:
+                h.remove()
+        return to_floats(values)

@@ -475,6 +475,23 @@ def test_dead_units_and_kurtosis_on_a_probe():
     assert module.run_summary["diagnostics"]["max_kurtosis"] >= got["act/transformer.h.1/output/kurtosis"]
 
 
+def hook_counts(model: nn.Module) -> int:
+    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+
+
+@pytest.mark.parametrize("cls", [ActivationCallback, AttentionCallback])
+def test_probe_hooks_are_removed_also_when_the_probe_fails(cls):
+    model = tiny_gpt(fmt=None, bias=True)
+    module, trainer, cb = Holder(model), fake_trainer(RecordingLogger()), cls(every_n_steps=1, max_sequences=2)
+    before = hook_counts(model)
+    assert cb.measure(trainer, module, (torch.randint(0, 32, (3, 8)),) * 2)
+    assert hook_counts(model) == before
+    too_long = torch.randint(0, 32, (3, model.config.block_size + 1))  # the GPT refuses it mid-probe
+    with pytest.raises(ValueError, match="exceeds model.block_size"):
+        cb.measure(trainer, module, (too_long, too_long))
+    assert hook_counts(model) == before
+
+
 def test_probes_leave_quantizer_state_and_rng_untouched():
     model = tiny_gpt(fmt={"name": "e4m3", "grad": "e5m2", "rounding": "stochastic",
                           "scaling": {"kind": "delayed", "pow2": True}})
