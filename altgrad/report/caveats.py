@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from altgrad.report.load import Job
 from altgrad.report.order import FORMAT_ORDER, mantissa_bits, rank
 from altgrad.report.stats import summarize
-from altgrad.report.study import Arm, Comparison, StudyResult
+from altgrad.report.study import Comparison, StudyResult, optimizer_of_arm
 
 STILL_LEARNING = 0.03
 """Fall of the validation loss over the last quarter of the horizon, relative to its value at the start of that
@@ -294,22 +294,15 @@ def time_shift_line(result: StudyResult) -> str | None:
             "this steep a Δ at H can be one arm reaching the same curve earlier rather than a lower loss.")
 
 
-def _optimizer(arm: Arm | None) -> dict:
-    """The optimizer config an arm's runs share (empty when they ran none or several)."""
-    configs = [j.config.get("optimizer") for j in (arm.jobs if arm is not None else ())]
-    first = configs[0] if configs else None
-    return first if isinstance(first, dict) and all(c == first for c in configs) else {}
-
-
 def _ulp_is_magnitude(c: Comparison) -> bool:
     """Whether one arm is ManifoldAdamW stepping in ULPs on the update and the other the relative step, in a format
     without mantissa bits, where the ULP at w is |w|: with ``smooth`` stiffness (|w|·2^−M) always, with ``pow2``
     (2^⌊log2|w|⌋) where w is on the grid, i.e. stored there (no float32 master copy, which sits between grid points)."""
-    names = {_optimizer(c.treatment).get("name"), _optimizer(c.reference).get("name")}
-    arm = next((a for a in (c.treatment, c.reference) if _optimizer(a).get("name") == "manifold"), None)
+    names = {optimizer_of_arm(c.treatment).get("name"), optimizer_of_arm(c.reference).get("name")}
+    arm = next((a for a in (c.treatment, c.reference) if optimizer_of_arm(a).get("name") == "manifold"), None)
     if names != {"manifold", "relative"} or arm is None or mantissa_bits(c.format) != 0:
         return False
-    manifold = _optimizer(arm)
+    manifold = optimizer_of_arm(arm)
     on_grid = all(j.master == "none" for j in arm.jobs)
     return (manifold.get("stiffness_on", "update") == "update"
             and (manifold.get("stiffness_kind", "pow2") == "smooth" or on_grid))

@@ -23,7 +23,7 @@ from altgrad.report.stages import FormatAttribution
 from altgrad.report.sensitivity import Neighbour
 from altgrad.report.stats import TOST_POWER, holm, spearman
 from altgrad.report.study import (Arm, Comparison, SameGrid, StudyResult, grid_classes, missing_parts,
-                                  sign_check)
+                                  optimizer_of_arm, sign_check)
 from altgrad.report.tables import ci_text, num, sig
 
 STALL = "mean_stall_ratio"
@@ -408,16 +408,35 @@ def _contrast_line(contrast: Contrast, comps: Sequence[Comparison], result: Stud
     return text + "."
 
 
+ULP_STEPS = frozenset({"manifold", "grid"})
+"""Optimizers whose step is measured in the weight's ULPs: uniform within a tensor on a grid without exponent bits."""
+PLAIN_STEPS = frozenset({"adamw"})
+"""Optimizers whose step is uniform within a tensor on any grid."""
+
+
+def _control_role(c: Comparison) -> str | None:
+    """What a format without exponent bits makes of a contrast: ``"control"`` (a ULP-aware step against a plain one:
+    both uniform within each tensor there, so Δ ≈ 0 is expected), ``"shape"`` (the ULP-aware step against the
+    relative step ∝ |w|: there a uniform step against a non-uniform one) or None (no expectation)."""
+    names = {optimizer_of_arm(c.treatment).get("name"), optimizer_of_arm(c.reference).get("name")}
+    if len(names) == 2 and names & ULP_STEPS and names & PLAIN_STEPS:
+        return "control"
+    if names == {"manifold", "relative"}:
+        return "shape"
+    return None
+
+
 def format_control_lines(result: StudyResult) -> list[str]:
     """Formats without exponent bits (one ULP per tensor: a ULP-aware step is a plain one there) are the format
-    control of every primary contrast: their equivalence test beside their difference test (arm-labelled
-    declarations, which name e0m7 the format control)."""
+    control of each primary contrast of a ULP-aware arm against a plain one: their equivalence test beside their
+    difference test. Against the relative step they are no control (Δ ≈ 0 is not expected), and say so."""
     ep = result.endpoint
     if ep.label != "arm":
         return []
     lines = []
     for c in result.comparisons:
-        if exponent_bits(c.format) != 0 or c.test.mean is None:
+        role = _control_role(c)
+        if exponent_bits(c.format) != 0 or c.test.mean is None or role is None:
             continue
         ci = c.ci
         seeds = ("" if c.equivalence_seeds is None else
@@ -425,10 +444,17 @@ def format_control_lines(result: StudyResult) -> list[str]:
         held = ("equivalent (a tie)" if c.verdict == "tie" else
                 "a difference, not a tie" if c.verdict in ("benefit", "harm") else "equivalence not shown")
         name = f"{c.contrast.label} ({c.contrast.name})" if c.contrast.label else c.contrast.name
-        lines.append(f"Format control {c.format} (no exponent bits: one ULP per tensor, where a ULP-aware step is a "
-                     f"plain one, so Δ ≈ 0 is expected): {name} Δ = {c.test.mean:+.4f}, {100 * c.confidence:g}% CI "
-                     f"{_ci(ci)}, {ep.correction} p = {c.p_adjusted:.3g}; TOST ±{ep.tie_margin:g} {ep.correction} "
-                     f"p = {c.tost_adjusted:.3g}: {held}{seeds}.")
+        stats = (f"Δ = {c.test.mean:+.4f}, {100 * c.confidence:g}% CI {_ci(ci)}, {ep.correction} p = "
+                 f"{c.p_adjusted:.3g}; TOST ±{ep.tie_margin:g} {ep.correction} p = {c.tost_adjusted:.3g}: "
+                 f"{held}{seeds}.")
+        if role == "control":
+            lines.append(f"Format control {c.format} (no exponent bits: one ULP per tensor, where a ULP-aware step is "
+                         f"a plain one, so Δ ≈ 0 is expected): {name} {stats}")
+        else:
+            lines.append(f"Format {c.format} is no control for {name} (no exponent bits: one ULP per tensor, so the "
+                         "ULP-aware step is uniform within each tensor while the relative step is ∝ |w|; the contrast "
+                         f"sets a step of the grid's shape against one of the weights' shape, and Δ ≈ 0 is not "
+                         f"expected): {stats}")
     return lines
 
 

@@ -263,6 +263,13 @@ def build_arm(fmt: str, label: str, jobs: Sequence[Job], ep: Endpoint, fallback_
                no_result, lrs, tuple(notes))
 
 
+def optimizer_of_arm(arm: Arm | None) -> dict:
+    """The optimizer config an arm's runs share (empty when they ran none or several)."""
+    configs = [j.config.get("optimizer") for j in (arm.jobs if arm is not None else ())]
+    first = configs[0] if configs else None
+    return first if isinstance(first, dict) and all(c == first for c in configs) else {}
+
+
 def lr_of_arm(arm: Arm) -> float | None:
     """The arm's one learning rate (None when it ran none or several)."""
     return arm.lrs[0] if len(arm.lrs) == 1 else None

@@ -161,8 +161,13 @@ def test_declared_sign_beside_the_observed_one() -> None:
 def test_format_control_shows_its_equivalence_test() -> None:
     result = run(study(PLANTED))
     lines = format_control_lines(result)
-    assert len(lines) == 2 and all(line.startswith("Format control e0m7 (no exponent bits") for line in lines)
     assert all("TOST ±0.03 holm p = " in line and "equivalent (a tie)" in line for line in lines)
+    # against AdamW (uniform within a tensor) e0m7 is the control; against the relative step (∝ |w|) it is not
+    shape, control = lines
+    assert control.startswith("Format control e0m7 (no exponent bits: one ULP per tensor, where a ULP-aware step is "
+                              "a plain one, so Δ ≈ 0 is expected): P2 (manifold_sr − adamw_sr) Δ = ")
+    assert shape.startswith("Format e0m7 is no control for P1 (manifold_sr − relative_sr) (no exponent bits")
+    assert "Δ ≈ 0 is not expected): Δ = " in shape
     noisy = run(study(PLANTED, seeds=3, noise=0.08, rng_seed=3))
     text = " ".join(format_control_lines(noisy))
     assert "equivalence not shown; underpowered: needs ≈ " in text
