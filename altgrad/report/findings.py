@@ -449,7 +449,8 @@ def format_control_lines(result: StudyResult) -> list[str]:
                  f"{held}{seeds}.")
         if role == "control":
             lines.append(f"Format control {c.format} (no exponent bits: one ULP per tensor, where a ULP-aware step is "
-                         f"a plain one, so Δ ≈ 0 is expected): {name} {stats}")
+                         "a plain one at a per-tensor lr set by the tensor's largest |w|, so Δ ≈ 0 is expected "
+                         f"unless that scaling matters): {name} {stats}")
         else:
             lines.append(f"Format {c.format} is no control for {name} (no exponent bits: one ULP per tensor, so the "
                          "ULP-aware step is uniform within each tensor while the relative step is ∝ |w|; the contrast "
