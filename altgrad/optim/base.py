@@ -51,12 +51,8 @@ class QuantAwareOptimizer(Optimizer, metaclass=abc.ABCMeta):
         if grids is None and self.needs_grid:
             raise ValueError(f"{name} needs `grids` (Parameter → TensorQuantizer) to know each weight's format and "
                              "scale; build it with altgrad.optim.build_optimizer or altgrad.quant.layers.weight_grids")
-        if plain_lr is not None and plain_lr <= 0:
-            raise ValueError(f"{name}: plain_lr={plain_lr} is not valid; valid: a positive AdamW learning rate")
-        if plain_weight_decay is not None and plain_weight_decay < 0:
-            raise ValueError(f"{name}: plain_weight_decay={plain_weight_decay} is not valid; valid: >= 0, or None "
-                             "(each group's own weight_decay)")
-        check_hyper(name, betas=plain_betas, eps=plain_eps, prefix="plain_")
+        check_hyper(name, lr=plain_lr, lr_means=" (an AdamW learning rate)", betas=plain_betas, eps=plain_eps,
+                    weight_decay=plain_weight_decay, prefix="plain_")  # None: not given (see above)
         self.grids: dict[Tensor, Grid] | None = None if grids is None else dict(grids)
         groups: list[dict[str, Any]] = []
         for group in _as_groups(params):
