@@ -183,6 +183,8 @@ def write_report(sweep_dirs: Sequence[str | os.PathLike[str]], out_dir: str | os
         extra += [line for r in results if r.endpoint.label == "arm" for line in outliers.finding_lines(r)]
         if any(r.endpoint.label == "arm" for r in results) or power is not None:
             extra.append(records.power_line(power))
+            extra += [line for r in results if r.endpoint.label == "arm"
+                      for line in [records.power_check_line(power, r)] if line]
         parts[-2] += "".join(f"\n- {line}" for line in extra)
     caveats = caveat_lines(sweep.jobs, [j for result in results for j in result.declared_jobs], results)
     if caveats:

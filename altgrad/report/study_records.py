@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from altgrad.report import stats
 from altgrad.report.load import Job
 from altgrad.report.order import FORMAT_ORDER, rank
 from altgrad.report.study import Comparison, StudyResult
@@ -207,6 +208,31 @@ def power_line(record: dict[str, Any] | None) -> str:
             f"{record.get('family')} with power {record.get('power')}: n = {needed} → {n} evaluation seeds"
             + (" — **underpowered** (capped at max_seeds)" if record.get("underpowered") else "") + ".")
 
+
+def power_check_line(record: dict[str, Any] | None, result: StudyResult) -> str | None:
+    """The power plan's paired SD against the SDs the evaluation's primary family met, and the seeds the plan's own
+    calculation asks for at those: a plan drawn on less noise than the evaluation showed is a caveat, computed."""
+    planned = None if record is None else record.get("paired_sd")
+    if not isinstance(planned, (int, float)) or not planned > 0:
+        return None
+    margin, alpha, family, power = (record.get(k) for k in ("margin", "alpha", "family", "power"))
+    observed = [(c, c.paired_sd) for c in result.comparisons if len(c.deltas) >= 2 and c.paired_sd is not None]
+    if not observed or not all(isinstance(v, (int, float)) for v in (margin, alpha, family, power)):
+        return None
+    by_contrast: dict[str, list[str]] = {}
+    for c, sd in observed:
+        n = stats.seeds_needed(sd, margin, alpha / family, power, max_n=1000)
+        name = f"{c.contrast.label} ({c.contrast.name})" if c.contrast.label else c.contrast.name
+        by_contrast.setdefault(name, []).append(f"{c.format} {sd:.3g} → n {'> 1000' if n is None else f'= {n}'}")
+    sds = [sd for _, sd in observed]
+    ran = sorted({len(c.deltas) for c, _ in observed})
+    return (f"The power plan against the evaluation: the plan's pooled paired SD was {planned:.4f} (tuning seeds, "
+            f"{record.get('df')} df), n = {record.get('needed')} → {record.get('seeds')} seeds; the evaluation's "
+            f"paired SD per format lies at {min(sds) / planned:.2g}–{max(sds) / planned:.2g} × it "
+            f"({sum(sd > planned for sd in sds)} of {len(sds)} above), and at each the plan's calculation (±{margin} "
+            f"at α = {alpha}/{family}, power {power}) asks for: "
+            + "; ".join(f"{name}: {', '.join(parts)}" for name, parts in by_contrast.items())
+            + f" seed pairs ({'/'.join(map(str, ran))} ran).")
 
 # --- mechanism -----------------------------------------------------------------------------------------------------
 

@@ -107,3 +107,21 @@ def test_mechanism_activity_from_nearest_storage_arms() -> None:
     (line,) = records.mechanism_lines(result)
     assert "≥ 0.5 in e4m3 adamw_rn 0.90" in line and "below it in e0m7 adamw_rn 0.20" in line
     assert "| e4m3 | adamw_rn | on-grid nearest | 2 | 0.9 | 0.3 |" in records.mechanism_table(result)
+
+
+def test_power_plan_checked_against_the_evaluations_sd() -> None:
+    from altgrad.report import stats
+
+    result = run(study(PLANTED))
+    assert records.power_check_line(None, result) is None
+    record = {"seeds": 6, "needed": 6, "paired_sd": 0.002, "df": 3, "margin": 0.03, "power": 0.8, "alpha": 0.05,
+              "family": 6}
+    line = records.power_check_line(record, result)
+    assert line is not None and line.startswith("The power plan against the evaluation: the plan's pooled paired "
+                                                "SD was 0.0020 (tuning seeds, 3 df), n = 6 → 6 seeds")
+    sds = [c.paired_sd for c in result.comparisons if len(c.deltas) >= 2]
+    assert sds and f"({sum(sd > 0.002 for sd in sds)} of {len(sds)} above)" in line
+    for c in result.comparisons:
+        n = stats.seeds_needed(c.paired_sd, 0.03, 0.05 / 6, 0.8, max_n=1000)
+        assert f"{c.format} {c.paired_sd:.3g} → n {'> 1000' if n is None else f'= {n}'}" in line
+    assert records.power_check_line({**record, "paired_sd": None}, result) is None
