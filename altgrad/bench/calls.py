@@ -11,6 +11,7 @@ One call (e4m3, tensor scale), at each of ``--sizes`` elements; "over" names the
 
 - ``kernel through ctypes, 8 elements``: the native library's entry point with ready-made arguments (ctypes' cost);
 - ``kernel through ctypes``: the same on n elements (minus the row above: the arithmetic);
+- ``kernel through ctypes, statistics``: the same with the statistics counted in its pass (their arithmetic);
 - ``native.quant_call (ctypes)``: plus turning tensors into pointers and allocating the output in Python;
 - ``Plan (extension)``: the same call from native_linear.cpp's ``Plan`` (pybind11, the output allocated in C++);
 - ``quantize_now``: plus the quantizer's own dispatch (road, plan check) on the road it takes;
@@ -24,7 +25,8 @@ F.linear); on 1 × 8 → 8 (the fixed cost) and on the small recipe's widest lay
 
 Training steps of the small-step recipe's model (nano, block 64, batch 12: 768 tokens), fp32 and e4m3 with statistics
 off (as on most steps) on each road, and the difference per quantizer call: what one call costs inside a real
-forward and backward, allocator and caches included.
+forward and backward, allocator and caches included; and e4m3 on the default road with statistics on (a logging
+step's calls: the difference is what the statistics cost a step that records them).
 """
 
 from __future__ import annotations
@@ -103,6 +105,10 @@ def call_rows(n: int, calls: int, repeats: int) -> list[tuple[str, float, str | 
         rows.append(("kernel through ctypes, 8 elements", per_call(lambda: k.call(*tiny), calls, repeats), None))
         rows.append(("kernel through ctypes", per_call(lambda: k.call(*args), calls, repeats),
                      "kernel through ctypes, 8 elements"))
+        counts = torch.zeros(6)
+        counted = [*args[:15], counts.data_ptr(), *args[16:]]  # slot 15: where the statistics go
+        rows.append(("kernel through ctypes, statistics", per_call(lambda: k.call(*counted), calls, repeats),
+                     "kernel through ctypes"))
         state = q.scaler.state()
         rows.append(("native.quant_call (ctypes)", per_call(
             lambda: native.quant_call(k, x, p, "nearest", flags, None, "tensor", True, consts, scale=state[-1],
@@ -181,6 +187,9 @@ def step_rows(steps: int, repeats: int) -> list[tuple[str, float]]:
     names = road_names()
     for road in linear_node.ROADS:  # one copy per road: each keeps its own optimizer state
         variants[f"e4m3, {names[road]}"] = (copy.deepcopy(quant), road)
+    counting = copy.deepcopy(quant)  # a logging step's calls: statistics on, on the default road
+    set_track_stats(list(quantizers(counting)), True)
+    variants[f"e4m3, {names['auto']}, statistics on"] = (counting, "auto")
     opts = {name: torch.optim.AdamW(m.parameters(), lr=1e-3) for name, (m, _) in variants.items()}
 
     def step(name: str) -> None:
@@ -202,7 +211,8 @@ def step_rows(steps: int, repeats: int) -> list[tuple[str, float]]:
                 step(name)
             times[name].append((time.thread_time() - start) / steps * 1e6)
     best = {name: min(ts) for name, ts in times.items()}
-    rows = [(f"step, {name}" + (" (statistics off)" if name != "fp32" else ""), v) for name, v in best.items()]
+    rows = [(f"step, {name}" + (" (statistics off)" if name != "fp32" and not name.endswith(" on") else ""), v)
+            for name, v in best.items()]
     rows += [(f"in a step, per call ({len(qs)} calls), {names[r]}",
               (best[f"e4m3, {names[r]}"] - best["fp32"]) / len(qs)) for r in linear_node.ROADS]
     return rows

@@ -258,7 +258,8 @@ def test_calls_micro_bench_splits_a_call_into_its_layers() -> None:
     names = [name for name, _, _ in got]
     layers = ["forward", "forward, autograd", "forward, autograd + statistics", "forward, autograd, eager road"]
     if native.kernel() is not None:
-        first = ["kernel through ctypes, 8 elements", "kernel through ctypes", "native.quant_call (ctypes)"]
+        first = ["kernel through ctypes, 8 elements", "kernel through ctypes", "kernel through ctypes, statistics",
+                 "native.quant_call (ctypes)"]
         if native.linear_ext() is not None:
             first.append("Plan (extension)")
         layers = [*first, "quantize_now", *layers]
@@ -277,7 +278,8 @@ def test_calls_micro_bench_times_every_road_of_a_layer_and_a_step() -> None:
     assert [name.split(", ", 1)[1] for name, _, _ in layers[:4]] == ["nn.Linear", auto, "Python node", "module road"]
     assert len(layers) == 8 and all(v > 0 for _, v, _ in layers) and layers[0][2] == 0
     steps = dict(step_rows(steps=1, repeats=1))
-    assert len(steps) == 1 + 2 * len(linear_node.ROADS) and steps["step, fp32"] > 0
+    assert len(steps) == 2 + 2 * len(linear_node.ROADS) and steps["step, fp32"] > 0
+    assert steps[f"step, e4m3, {auto}, statistics on"] > 0
     assert f"in a step, per call (51 calls), {auto}" in steps
 
 
