@@ -125,3 +125,4 @@ def test_power_plan_checked_against_the_evaluations_sd() -> None:
         n = stats.seeds_needed(c.paired_sd, 0.03, 0.05 / 6, 0.8, max_n=1000)
         assert f"{c.format} {c.paired_sd:.3g} → n {'> 1000' if n is None else f'= {n}'}" in line
     assert records.power_check_line({**record, "paired_sd": None}, result) is None
+    assert "3 df); the evaluation's" in records.power_check_line({**record, "needed": None}, result)
