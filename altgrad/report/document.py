@@ -178,7 +178,8 @@ def write_report(sweep_dirs: Sequence[str | os.PathLike[str]], out_dir: str | os
         horizons = sorted({r.endpoint.horizon for r in results if r.endpoint.horizon is not None})
         pilot = records.pilot_rows(sweep.jobs, horizons)
         power = records.read_power(sweep.roots)
-        extra = records.horizon_lines(results) + records.tuning_lines(tuned)
+        margins = sorted({r.endpoint.tie_margin for r in results if r.endpoint.label == "arm"})
+        extra = records.horizon_lines(results) + records.tuning_lines(tuned, margins[0] if margins else None)
         extra += [line for r in results if r.endpoint.label == "arm" for line in records.mechanism_lines(r)]
         extra += [line for r in results if r.endpoint.label == "arm" for line in outliers.finding_lines(r)]
         if any(r.endpoint.label == "arm" for r in results) or power is not None:

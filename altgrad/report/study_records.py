@@ -142,6 +142,12 @@ class TunedCell:
         return any(x < self.pick and not math.isclose(x, self.pick) for x in lrs) and any(
             x > self.pick and not math.isclose(x, self.pick) for x in lrs)
 
+    def flat(self, margin: float) -> bool:
+        """Whether the scan cannot resolve its pick: ≥ 3 lrs with a loss, and their mean losses span less than
+        ``margin`` (the tie margin), so every scanned lr ties with the pick and the scan shows no rise either side."""
+        values = [m for m in self.losses.values() if m is not None]
+        return len(values) >= 3 and max(values) - min(values) < margin
+
 
 def tuning_jobs(jobs: Sequence[Job]) -> list[Job]:
     """The tuning scans' runs (experiments named ``*tune*``) that ran an lr and finished or failed."""
@@ -170,7 +176,8 @@ def tuning(jobs: Sequence[Job], evaluated: Sequence[Job] = ()) -> list[TunedCell
     return sorted(out, key=lambda c: (rank(FORMAT_ORDER, c.format), c.arm))
 
 
-def tuning_lines(cells: Sequence[TunedCell]) -> list[str]:
+def tuning_lines(cells: Sequence[TunedCell], margin: float | None = None) -> list[str]:
+    """The scans' summary: edge picks (not bracketed), then, given the tie margin, the flat scans."""
     if not cells:
         return []
     edge = [c for c in cells if c.bracketed is False]
@@ -181,6 +188,15 @@ def tuning_lines(cells: Sequence[TunedCell]) -> list[str]:
             f"{c.format} {c.arm} (lr {c.pick:g})" for c in edge) + ": the best lr may lie beyond it")
     else:
         text += "every pick is bracketed by a scanned lr on each side"
+    flat = [c for c in cells if margin is not None and c.flat(margin)]
+    if flat:
+        def span(c: TunedCell) -> str:
+            values = {lr: m for lr, m in c.losses.items() if m is not None}
+            return (f"{c.format} {c.arm} ({min(values.values()):.4f}–{max(values.values()):.4f} over lrs "
+                    f"{min(values):g}–{max(values):g})")
+        text += ("; the scan is flat (its mean losses span less than the tie margin ±"
+                 f"{margin:g}) in " + ", ".join(span(c) for c in flat) + ": every scanned lr ties with the pick, so "
+                 "the scan does not resolve it, and what an lr outside the scan would give is not known")
     return [text + "."]
 
 

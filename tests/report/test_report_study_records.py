@@ -83,6 +83,20 @@ def test_tuning_pick_bracketing_and_failed_lrs() -> None:
     (line,) = records.tuning_lines(records.tuning(jobs))
     assert "not bracketed) in e7m0 adamw_sr (lr 0.002)" in line
     assert "1.58: failed" in records.tuning_table(records.tuning(jobs))
+    assert "flat" not in records.tuning_lines(records.tuning(jobs), margin=0.03)[0]
+
+
+def test_a_flat_scan_is_named_as_unresolved() -> None:
+    jobs = [tune("e7m0", "madam_sr", lr, s, loss + 0.001 * (s - 201)) for s in (201, 202)
+            for lr, loss in ((0.004, 2.509), (0.0063, 2.497), (0.01, 2.493), (0.016, 2.493), (0.025, 2.497))]
+    jobs += [tune("e7m0", "adamw_sr", lr, s, loss) for s in (201, 202)
+             for lr, loss in ((0.001, 1.9), (0.002, 1.5), (0.004, 1.7))]
+    cells = records.tuning(jobs)
+    (line,) = records.tuning_lines(cells, margin=0.03)
+    assert ("the scan is flat (its mean losses span less than the tie margin ±0.03) in e7m0 madam_sr "
+            "(2.4935–2.5095 over lrs 0.004–0.025)") in line and "adamw_sr (" not in line
+    assert "flat" not in records.tuning_lines(cells, margin=0.01)[0]  # a 0.016 span is no tie at ±0.01
+    assert "flat" not in records.tuning_lines(cells)[0]  # no margin given: no judgement
 
 
 def test_power_record(tmp_path: Path) -> None:
