@@ -17,9 +17,10 @@ PACKAGE_ROOT = Path(__file__).resolve().parent.parent  # the folder holding altg
 GIT_TIMEOUT_S = 10
 CODE_PATHS = ("altgrad", "conf", "pyproject.toml", "Makefile")
 """What a run's numbers can depend on; a commit that changes none of them (records, docs, tests) is the same code."""
-STUDY_TABLES = ("conf/experiment/optim/tuned/",)
-"""Below CODE_PATHS but written by a study as it runs, not code: the tuned-lr tables (the lrs a run took from one
-are in its own config, optimizer.lr and baseline.lr)."""
+STUDY_FILES = ("conf/experiment/optim/tuned/", "conf/study/")
+"""Below CODE_PATHS but not what a run computes: the tuned-lr tables a study writes as it runs (the lrs a run took
+from one are in its own config, optimizer.lr and baseline.lr), and the study plans, which decide which runs happen
+(each run's own config records what it ran), so a plan amended mid-study leaves its runs one code state."""
 
 
 def _git(root: Path, *args: str) -> str | None:
@@ -36,8 +37,9 @@ def _git(root: Path, *args: str) -> str | None:
 
 
 def is_code(path: str) -> bool:
-    """Whether a repository path is code a run's numbers can depend on: below CODE_PATHS, not a study's table."""
-    return any(path == c or path.startswith(c + "/") for c in CODE_PATHS) and not path.startswith(STUDY_TABLES)
+    """Whether a repository path is code a run's numbers can depend on: below CODE_PATHS, not a study's table or
+    plan."""
+    return any(path == c or path.startswith(c + "/") for c in CODE_PATHS) and not path.startswith(STUDY_FILES)
 
 
 def _changed_paths(status: str) -> list[str]:
@@ -63,8 +65,9 @@ def _changed_paths(status: str) -> list[str]:
 @functools.lru_cache(maxsize=None)
 def code_state(root: Path = PACKAGE_ROOT) -> dict[str, Any]:
     """{"commit": HEAD's sha or None, "dirty": whether a tracked file of the code (``is_code``) differs from it, or
-    None when unknown}. A changed record, doc, test or tuned-lr table (a study writes its table, then runs from it:
-    each run's config holds the lrs it took) leaves the code as committed, as ``code_tree`` reads it too."""
+    None when unknown}. A changed record, doc, test, study plan or tuned-lr table (a study writes its table, then
+    runs from it: each run's config holds the lrs it took) leaves the code as committed, as ``code_tree`` reads
+    it too."""
     unknown: dict[str, Any] = {"commit": None, "dirty": None}
     out = _git(root, "status", "--porcelain=v2", "--branch", "--untracked-files=no", "-z")
     if out is None:
@@ -77,11 +80,11 @@ def code_state(root: Path = PACKAGE_ROOT) -> dict[str, Any]:
 
 def code_tree(commit: str, root: Path = PACKAGE_ROOT) -> tuple[str, ...] | None:
     """The files of CODE_PATHS at ``commit`` as "object id path" (equal for two commits whose code is the same), less
-    STUDY_TABLES; None where git cannot tell (no checkout, an unknown commit, a shallow clone without it)."""
+    STUDY_FILES; None where git cannot tell (no checkout, an unknown commit, a shallow clone without it)."""
     if not re.fullmatch(r"[0-9a-f]{4,64}", commit):  # a sha, never an option or a revision expression
         return None
     out = _git(root, "ls-tree", "-r", "--full-tree", commit, "--", *CODE_PATHS)
     if not out:
         return None
     files = (line.split(None, 2)[2].split("\t", 1) for line in out.splitlines())  # "mode type oid\tpath"
-    return tuple(f"{oid} {path}" for oid, path in files if not path.startswith(STUDY_TABLES))
+    return tuple(f"{oid} {path}" for oid, path in files if not path.startswith(STUDY_FILES))

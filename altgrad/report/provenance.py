@@ -155,8 +155,9 @@ def provenance_lines(jobs: Sequence[Job], root: Path = PACKAGE_ROOT) -> list[str
         states = code_states(commits, root)
         names = "; ".join(" = ".join(f"{c} ({_runs(len(commits[c]))})" for c in state) for state in states)
         one = len(states) == 1 and not any(c.endswith("+dirty") for c in commits)
-        same = (f" (“=” joins commits whose {', '.join(CODE_PATHS)} are identical, tuned-lr tables aside: records "
-                "and tables committed as they were written)") if any(len(state) > 1 for state in states) else ""
+        same = (f" (“=” joins commits whose {', '.join(CODE_PATHS)} are identical, study plans and tuned-lr "
+                "tables aside: records and tables committed as they were written)"
+                ) if any(len(state) > 1 for state in states) else ""
         lines.append(("Code: one code state, " if one else f"Code: {len(states)} code states — ") + names
                      + (f"; {len(no_code)} run(s) name none (older records)" if no_code else "") + same + ".")
     stages = by_stage(jobs)

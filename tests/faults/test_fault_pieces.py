@@ -165,14 +165,14 @@ def test_only_a_changed_code_file_makes_the_code_state_dirty(tmp_path: Path) -> 
         return code_state(tmp_path)
 
     git("init", "-q")
-    for path in ("altgrad/a b.py", "conf/c.yaml", "conf/experiment/optim/tuned/s.yaml", "docs/r.md", "tests/t.py",
-                 "pyproject.toml", "Makefile", "altgraded.txt"):
+    for path in ("altgrad/a b.py", "conf/c.yaml", "conf/experiment/optim/tuned/s.yaml", "conf/study/p.yaml",
+                 "docs/r.md", "tests/t.py", "pyproject.toml", "Makefile", "altgraded.txt"):
         write(path, "1\n")
     git("add", "-A")
     git("commit", "-q", "-m", "all")
     head = git("rev-parse", "HEAD")
     assert state() == {"commit": head, "dirty": False}
-    for path in ("conf/experiment/optim/tuned/s.yaml", "docs/r.md", "tests/t.py", "altgraded.txt"):
+    for path in ("conf/experiment/optim/tuned/s.yaml", "conf/study/p.yaml", "docs/r.md", "tests/t.py", "altgraded.txt"):
         write(path, "2\n")
     write("altgrad/new.py", "untracked\n")
     assert state() == {"commit": head, "dirty": False}

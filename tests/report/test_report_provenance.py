@@ -99,7 +99,8 @@ def test_commits_of_one_code_are_one_code_state(tmp_path: Path) -> None:
     for path in ("altgrad/a.py", "conf/c.yaml", "pyproject.toml", "Makefile"):
         code = commit(path, "1\n")
     commit("docs/results/runs/0/summary.json", "{}\n")  # a records commit: the same code
-    records = commit("conf/experiment/optim/tuned/s.yaml", "tuned_lr: {}\n")  # a study's tuned-lr table: the same
+    commit("conf/experiment/optim/tuned/s.yaml", "tuned_lr: {}\n")  # a study's tuned-lr table: the same
+    records = commit("conf/study/s.yaml", "stages: []\n")  # a study's plan, amended: which runs, not what they compute
     changed = commit("altgrad/a.py", "2\n")
     jobs = [job("a/0", commit=code), job("a/1", commit=code), job("b/0", commit=records), job("c/0", commit=changed),
             job("d/0", commit=records, dirty=True)]
@@ -109,8 +110,8 @@ def test_commits_of_one_code_are_one_code_state(tmp_path: Path) -> None:
     assert head == "Code: 3 code states"
     assert states.split("; ")[0] == f"{code} (2 runs) = {records} (1 run)"  # most runs first
     assert sorted(states.split("; ")[1:]) == sorted([f"{changed} (1 run)", f"{records}+dirty (1 run)"])
-    assert note == " joins commits whose altgrad, conf, pyproject.toml, Makefile are identical, tuned-lr tables " \
-                   "aside: records and tables committed as they were written)."
+    assert note == " joins commits whose altgrad, conf, pyproject.toml, Makefile are identical, study plans and " \
+                   "tuned-lr tables aside: records and tables committed as they were written)."
     (one,) = [x for x in provenance_lines(jobs[:3], root=tmp_path) if x.startswith("Code:")]
     assert one.startswith(f"Code: one code state, {code} (2 runs) = {records} (1 run) (")
     # outside a checkout (or for a commit it lacks) each commit stands alone, as before
