@@ -353,22 +353,32 @@ def sensitivity_lines(result: StudyResult, near: Sequence[Neighbour]) -> list[st
         formats = sorted({n.format for n in tuning}, key=lambda f: rank(FORMAT_ORDER, f))
         if formats:
             seeds = sorted({s for n in tuning for s in n.seeds})
-            lowest = []
+            scans = []  # (format, declared lr, its scanned neighbours, whether the declared lr was the lowest)
             for f in formats:
                 here = [n for n in tuning if n.format == f]
                 if any(n.is_declared for n in here) and len(here) > 1:
                     best = min(here, key=lambda n: statistics.fmean(n.reference[s] for s in n.seeds))
-                    lowest.append(best.is_declared)
-            lrs = sorted({n.lr for n in tuning if not n.is_declared})
-            declared_lr = tuning[0].declared_lr
-            if lowest:
+                    scans.append((f, next(n.declared_lr for n in here if n.is_declared),
+                                  tuple(sorted(n.lr for n in here if not n.is_declared)), best.is_declared))
+            if scans:
+                lowest = sum(low for *_, low in scans)
+
+                def lrs(values: Sequence[float]) -> str:
+                    return ", ".join(f"{x:g}" for x in values)
+
+                if len({(d, nb) for _, d, nb, _ in scans}) == 1:  # one declared lr and one scan: say it once
+                    where = (f"at its declared lr {scans[0][1]:g} was the lowest of its scanned neighbours "
+                             f"({lrs(scans[0][2])}) in {lowest} of {len(scans)} formats")
+                else:  # the declared lr is per format: each with its own neighbours
+                    where = (f"at its declared lr was the lowest of its scanned neighbours in {lowest} of "
+                             f"{len(scans)} formats (" + "; ".join(
+                                 f"{f}: {d:g} against {lrs(nb)}" + ("" if low else ", not the lowest")
+                                 for f, d, nb, low in scans) + ")")
                 lines.append(f"Sensitivity on the tuning seed{'s' if len(seeds) > 1 else ''} "
                              f"{', '.join(map(str, seeds))} ("
                              + ("one run per lr, no CI" if len(seeds) == 1 else f"{len(seeds)} seeds per lr")
-                             + f"): {contrast.reference}'s loss at its declared lr {declared_lr:g} was the lowest of "
-                             f"its scanned neighbours ({', '.join(f'{x:g}' for x in lrs)}) in {sum(lowest)} of "
-                             f"{len(lowest)} formats; the scan says nothing about lrs between its points (table: "
-                             "Sensitivity to the reference's lr).")
+                             + f"): {contrast.reference}'s loss {where}; the scan says nothing about lrs between its "
+                             "points (table: Sensitivity to the reference's lr).")
     return lines
 
 

@@ -381,3 +381,21 @@ def test_runs_at_a_hand_set_lr_are_kept_out_and_shown_beside_the_claim() -> None
     seed = next(x for x in sensitivity_lines(result, near) if x.startswith("Sensitivity on the tuning seed 101"))
     assert "(one run per lr, no CI)" in seed and "was the lowest of its scanned neighbours (0.0003, 0.003) in 1 of 1" \
         in seed
+
+
+def test_the_tuning_sensitivity_names_each_formats_own_declared_lr() -> None:
+    """Where the reference's declared lr differs by format, the line names each format's lr and neighbours (and
+    which pick was not the lowest), never one lr for all of them."""
+    from dataclasses import replace
+
+    jobs = study({}, np.random.default_rng(16))
+    jobs = [replace(j, summary={**j.summary, "lr": 3e-3}) if j.summary["format"] == "e4m3"
+            and j.summary["optimizer_label"] == "adamw" else j for j in jobs]
+    result = run(jobs)
+    tuning = [job("e5m2", "adamw", 101, loss, lr=lr) for lr, loss in ((3e-4, 3.5), (1e-3, 3.1), (3e-3, 3.2))]
+    tuning += [job("e4m3", "adamw", 101, loss, lr=lr) for lr, loss in ((1e-3, 3.0), (3e-3, 3.1), (1e-2, 3.4))]
+    tuning += [job(f, "manifold[update]", 101, 2.8) for f in ("e5m2", "e4m3")]
+    line = next(x for x in sensitivity_lines(result, neighbours(result, tuning))
+                if x.startswith("Sensitivity on the tuning seed 101") and "adamw's loss" in x)
+    assert ("adamw's loss at its declared lr was the lowest of its scanned neighbours in 1 of 2 formats (e4m3: 0.003 "
+            "against 0.001, 0.01, not the lowest; e5m2: 0.001 against 0.0003, 0.003)") in line
