@@ -126,9 +126,9 @@ def tuning_line(scope: Sequence[Job], others: Sequence[Job]) -> str | None:
     if not tuning or not seeds:
         return None
     return (f"Tuning: the lrs were picked on seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))} "
-            f"({len(tuning)} tuning runs), disjoint from the {len(evaluated)} evaluation seeds; the CIs above "
-            "hold the lrs fixed, so the noise of picking them" + (" on one seed" if len(seeds) == 1 else "")
-            + " is not in them.")
+            f"({len(tuning)} tuning runs of the evaluated arms), disjoint from the {len(evaluated)} evaluation seeds; "
+            "the CIs above hold the lrs fixed, so the noise of picking them"
+            + (" on one seed" if len(seeds) == 1 else "") + " is not in them.")
 
 
 def tuning_runs(scope: Sequence[Job], others: Sequence[Job]) -> dict[tuple[str, str], dict[float, list[Job]]]:
@@ -143,6 +143,12 @@ def tuning_runs(scope: Sequence[Job], others: Sequence[Job]) -> dict[tuple[str, 
                 and (j.state == "diverged" or _steps(j) in horizons):
             out.setdefault(key, {}).setdefault(j.lr, []).append(j)
     return out
+
+
+def _span(values: Sequence[float], fmt: str) -> str:
+    """``fmt`` of the least and greatest value joined by "–", or once where the two read the same."""
+    lo, hi = fmt.format(min(values)), fmt.format(max(values))
+    return lo if lo == hi else f"{lo}–{hi}"
 
 
 def lr_grid_line(scope: Sequence[Job], others: Sequence[Job]) -> str | None:
@@ -169,12 +175,12 @@ def lr_grid_line(scope: Sequence[Job], others: Sequence[Job]) -> str | None:
             above.append(there / here)
     if not ratios:
         return None
-    text = (f"Learning-rate scan: adjacent scanned lrs are ×{min(ratios):.2g}–×{max(ratios):.2g} apart, so an "
+    text = (f"Learning-rate scan: adjacent scanned lrs are {_span(ratios, '×{:.2g}')} apart, so an "
             "evaluated lr may sit up to that factor from the best one")
     if counted:
         parts = []
         if above:
-            parts.append(f"ended at {min(above):.2g}–{max(above):.2g}× (median {statistics.median(above):.2g}×) the "
+            parts.append(f"ended at {_span(above, '{:.2g}')}× (median {statistics.median(above):.2g}×) the "
                          "loss at the evaluated lr")
         if diverged:
             parts.append(f"diverged in {diverged}")

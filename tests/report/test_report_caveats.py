@@ -52,7 +52,7 @@ def test_scale_hardware_longer_run_and_tuning_seeds_are_stated() -> None:
     assert "one model, nano (0.82 M parameters: 4 layers, width 128, context 128)" in text
     assert "Hardware: cpu, precision 32-true" in text
     assert "validation loss 0.800 at step 400, 0.200 at step 1600 (75 % below its value at step 400)" in text
-    assert "picked on seed 101 (2 tuning runs), disjoint from the 2 evaluation seeds" in text
+    assert "picked on seed 101 (2 tuning runs of the evaluated arms), disjoint from the 2 evaluation seeds" in text
 
 
 def test_without_a_declared_study_there_is_no_tuning_line() -> None:
@@ -83,11 +83,14 @@ def test_the_lr_scan_spacing_and_the_cliff_above_each_pick_are_stated() -> None:
     scan = [job(101, falling(loss, 0.1), lr=lr) for lr, loss in ((1e-3, 1.1), (3e-3, 1.0), (1e-2, 2.3))]
     line = next(x for x in caveat_lines([*scope, *scan], scope) if x.startswith("Learning-rate scan"))
     assert "adjacent scanned lrs are ×3–×3.3 apart" in line
-    assert "ended at 2.3–2.3× (median 2.3×) the loss at the evaluated lr (1 format × arm scans)" in line
+    assert "ended at 2.3× (median 2.3×) the loss at the evaluated lr (1 format × arm scans)" in line
     assert "1 of the 1 picks sit one grid step below a loss cliff" in line
     gentle = [job(101, falling(loss, 0.1), lr=lr) for lr, loss in ((1e-3, 1.1), (3e-3, 1.0), (1e-2, 1.2))]
     line = next(x for x in caveat_lines([*scope, *gentle], scope) if x.startswith("Learning-rate scan"))
     assert "cliff" not in line
+    even = [job(101, falling(loss, 0.1), lr=lr) for lr, loss in ((1e-3, 1.1), (3.16e-3, 1.0), (1e-2, 1.2))]
+    line = next(x for x in caveat_lines([*scope, *even], scope) if x.startswith("Learning-rate scan"))
+    assert "adjacent scanned lrs are ×3.2 apart" in line  # one spacing is said once
 
 
 def test_manifold_against_relative_in_a_format_without_mantissa_bits_is_named_the_same_step() -> None:
