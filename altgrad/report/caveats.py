@@ -94,7 +94,7 @@ def horizon_lines(scope: Sequence[Job], others: Sequence[Job]) -> list[str]:
     lines = []
     if falls:
         med = statistics.median(falls)
-        span = f"{100 * min(falls):.1f}–{100 * max(falls):.1f} %"
+        span = _span([100 * f for f in falls], "{:.1f}") + " %"
         base = f"relative to its value at step {horizon * 3 // 4}, the start of that quarter"
         if med > STILL_LEARNING:
             lines.append(f"Horizon: H = {horizon} steps, and the runs were still learning there: over the last "

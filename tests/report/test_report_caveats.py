@@ -34,6 +34,15 @@ def test_runs_still_falling_at_the_horizon_are_said_to_be_still_learning() -> No
     # 1.1 → 1.0 over the last quarter: 0.1 / 1.1 = 9.1 % of the loss at the start of that quarter (not 10 % of the end)
     assert "H = 400 steps" in horizon and "still learning" in horizon and "median 9.1 %" in horizon
     assert "relative to its value at step 300, the start of that quarter" in horizon
+    # three equal falls: the range is said once, not "9.1–9.1 %"
+    assert "(9.1 % over 3 runs" in horizon
+
+
+def test_unequal_falls_at_the_horizon_are_given_as_a_range() -> None:
+    scope = [job(s, falling(1.0, fall)) for s, fall in ((1, 0.05), (2, 0.10), (3, 0.20))]
+    horizon = next(line for line in caveat_lines(scope, scope) if line.startswith("Horizon"))
+    # 0.05 / 1.05 = 4.8 %, 0.2 / 1.2 = 16.7 %
+    assert "median 9.1 % (4.8–16.7 % over 3 runs" in horizon
 
 
 def test_flat_runs_are_said_to_be_close_to_settled() -> None:

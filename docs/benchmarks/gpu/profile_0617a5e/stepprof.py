@@ -1,5 +1,8 @@
 """Where a training step's time goes: torch.profiler over N steady steps, every hook a named range (issue 31)."""
-import functools, json, os, time
+import functools
+import json
+import os
+import time
 import lightning as L
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
@@ -72,7 +75,8 @@ class StepProfile(L.Callback):
                  for e in ka if e.key.startswith("hook:")}
         summary = {"steps": n, "wall_ms_per_step": wall * 1e3 / n, "kernel_launches_per_step": launches / n,
                    "device_events_per_step": len(dev) / n, "device_busy_ms_per_step": dev_us / 1e3 / n,
-                   "per_step_counts": syncs, "hooks": dict(sorted(hooks.items(), key=lambda kv: -kv[1]["cpu_ms_per_step"]))}
+                   "per_step_counts": syncs,
+                   "hooks": dict(sorted(hooks.items(), key=lambda kv: -kv[1]["cpu_ms_per_step"]))}
         with open(os.path.join(self.out, "stepprof.json"), "w") as f:
             json.dump(summary, f, indent=1)
         with open(os.path.join(self.out, "host_ops.txt"), "w") as f:
