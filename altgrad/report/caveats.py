@@ -25,7 +25,8 @@ quarter, above which runs count as still learning at the horizon."""
 CLIFF = 1.5
 """A loss ratio from one scanned lr to the next above which the caveats call it a cliff."""
 DATA_SOURCES = {"embedded": "synthetic text from the package's embedded grammar generator",
-                "hub": "a Hugging Face dataset", "local": "local text files"}
+                "hub": "a Hugging Face dataset", "local": "local text files",
+                "folder": "split text files read from a data folder (their sha256 under Provenance)"}
 """How the caveats name a ``data.source``."""
 
 
@@ -237,11 +238,20 @@ def roles_line(scope: Sequence[Job]) -> str | None:
         applied = ", and the layer inputs (activations) in every format"
     else:
         applied = f", and the layer inputs (activations) in {', '.join(inputs)}"
-    text = ("What a format is applied to (the runs' layer_map.json): the weights" + applied + "; gradients "
-            + ", ".join(f"{'in ' + g if g != 'unquantized' else g} ({', '.join(fs)})" for g, fs in grads.items()))
+    held: dict[str, list[str]] = {}  # the inputs' precision where it is not the format under test
+    for f in formats:
+        if f not in inputs:
+            held.setdefault("/".join(sorted(per_format[f]["input"])), []).append(f)
+    text = ("What a format is applied to (the runs' layer_map.json): the weights" + applied
+            + ("; layer inputs " + _precisions(held) if held else "") + "; gradients " + _precisions(grads))
     mixed = inputs or any(g != "unquantized" for g in grads)
     return text + (". A difference between formats is a difference of weights, activations and gradients together, "
                    "not of the weight grid alone." if mixed else ".")
+
+
+def _precisions(groups: dict[str, list[str]]) -> str:
+    """``unquantized (e4m3, e7m0), in e5m2 (e0m7)``: a role's precision and the formats that hold it there."""
+    return ", ".join(f"{'in ' + g if g != 'unquantized' else g} ({', '.join(fs)})" for g, fs in groups.items())
 
 
 def data_line(scope: Sequence[Job]) -> str | None:

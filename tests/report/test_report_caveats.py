@@ -84,6 +84,14 @@ def test_storage_what_the_format_touches_and_the_data_are_read_from_the_runs() -
             "of weights, activations and gradients together") in text
     assert "synthetic text from the package's embedded grammar generator" in text
     on_grid = [replace(j, summary={**j.summary, "master": "none"}) for j in scope]
+    # the study-2 shape: the format on the weights only, inputs and gradients held unquantized, data from a folder
+    weights_only = {"h.0.attn": {"weight": spec, "input": None, "grad": None}}
+    folder = {**CONFIG, "data": {"name": "eurlex_en", "source": "folder", "tokenizer": "bytes"}}
+    held = [replace(j, layer_map=weights_only, summary={**j.summary, "config": folder}) for j in on_grid]
+    text = "\n".join(caveat_lines(held, held))
+    assert ("What a format is applied to (the runs' layer_map.json): the weights; layer inputs unquantized (e4m3); "
+            "gradients unquantized (e4m3).") in text
+    assert "Data: eurlex_en — split text files read from a data folder (their sha256 under Provenance)" in text
     assert "keeps fp32 master" not in "\n".join(caveat_lines(on_grid, on_grid))
 
 
