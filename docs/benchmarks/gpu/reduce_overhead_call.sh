@@ -5,10 +5,7 @@
 # e4m3 callbacks=none; each under its own timeout. Run from the repository root with .whl/ carried; results in $OUT/ro.
 set -u
 D=${OUT:-/tmp/out}/ro; mkdir -p "$D"
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/altgrad-site .whl/*.whl
-export PYTHONPATH=/tmp/altgrad-site:$PWD
-{ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; nproc
-  python3 -c "import torch, lightning, triton; print(torch.__version__, lightning.__version__, triton.__version__)"; } > "$D/machine.txt" 2>&1
+. docs/benchmarks/gpu/device_env.sh "$D/machine.txt"
 for spec in "bf16:format=fp32:130" "e4m3:format=e4m3:250" "e4m3_no_diagnostics:format=e4m3 callbacks=none:200"; do
   IFS=: read -r name job limit <<< "$spec"
   s=$(date +%s)

@@ -5,10 +5,7 @@
 # stack each 60 s (faulthandler; the job goes on). Run from the repository root with .whl/ carried; results in $OUT/rod.
 set -u
 D=${OUT:-/tmp/out}/rod; mkdir -p "$D"
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/altgrad-site .whl/*.whl
-export PYTHONPATH=/tmp/altgrad-site:$PWD
-{ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; nproc
-  python3 -c "import torch, lightning, triton; print(torch.__version__, lightning.__version__, triton.__version__)"; } > "$D/machine.txt" 2>&1
+. docs/benchmarks/gpu/device_env.sh "$D/machine.txt"
 s=$(date +%s)
 TORCH_LOGS=recompiles,graph_breaks,perf_hints timeout -k 10 ${LIMIT:-420} python3 -c "
 import faulthandler, runpy, sys
