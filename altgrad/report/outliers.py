@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from altgrad.report.caveats import loss_at
 from altgrad.report.endpoint import Contrast
-from altgrad.report.ladder import cell_values, ladder
+from altgrad.report.ladder import cell_values, ladder, recovery
 from altgrad.report.load import Job
 from altgrad.report.stats import TTest, t_test
 from altgrad.report.study import StudyResult
@@ -37,7 +37,8 @@ class CellSpread:
 
     format: str
     arm: str
-    part: str                        # "evaluation" (a declared arm) or "ladder" (a failure-stage rung)
+    part: str                        # "evaluation" (a contrast's arm), "recovery" (the recovery reference, or a
+                                     # recovery arm in no contrast) or "ladder" (a failure-stage rung)
     values: dict[int, float]
     median: float
     outlying: tuple[int, ...]
@@ -74,12 +75,21 @@ def outlying_seeds(values: Mapping[int, float], margin: float) -> tuple[int, ...
 
 
 def spreads(result: StudyResult) -> list[CellSpread]:
-    """Every cell of the declaration with values: its declared arms in the family's formats, then the ladder's
-    reference and rungs."""
+    """Every cell of the declaration with values: its contrasts' arms in the family's formats, the recovery cells no
+    contrast names, then the ladder's reference and rungs."""
     ep = result.endpoint
     cells: list[tuple[str, str, str, dict[int, float], Sequence[Job]]] = [
         (fmt, label, "evaluation", dict(arm.values), arm.jobs) for (fmt, label), arm in result.arms.items()
         if fmt in result.formats]
+    if ep.recovery is not None and ep.label == "arm":
+        # the recovery reference (adamw_fm) is in no contrast: a stall there rules every recovery row of its format
+        named = {(fmt, arm) for fmt, arm, *_ in cells}
+        for fmt in result.formats:
+            for arm in (ep.recovery.reference, *ep.recovery.arms):
+                if (fmt, arm) not in named:
+                    named.add((fmt, arm))
+                    cells.append((fmt, arm, "recovery", cell_values(result, result.jobs, fmt, arm)[0],
+                                  [j for j in result.jobs if j.format == fmt and j.arm == arm]))
     if ep.stages is not None and ep.label == "arm":
         jobs = (*result.jobs, *result.ladder_jobs)
         ref = ep.stages.reference_format, ep.stages.reference_arm
@@ -117,8 +127,8 @@ def _trim(name: str, fmt: str, contrast: Contrast | None, deltas: Mapping[int, f
 
 
 def trimmed(result: StudyResult, cells: Sequence[CellSpread]) -> list[Trimmed]:
-    """Each declared contrast (primary, secondary, controls) and ladder rung that pairs a seed with an outlying run
-    in either cell, with and without those seeds."""
+    """Each declared contrast (primary, secondary, controls), recovery row and ladder rung that pairs a seed with an
+    outlying run in either cell, with and without those seeds."""
     flagged = {(c.format, c.arm): set(c.outlying) for c in cells}
     out = []
     for c in (*result.comparisons, *result.secondary, *result.controls):
@@ -127,6 +137,12 @@ def trimmed(result: StudyResult, cells: Sequence[CellSpread]) -> list[Trimmed]:
         seeds = flagged.get((c.format, c.treatment.label), set()) | flagged.get((c.format, c.reference.label), set())
         name = f"{c.contrast.label}: {c.contrast.name}" if c.contrast.label else c.contrast.name
         row = _trim(name, c.format, c.contrast, c.deltas, c.test, seeds)
+        if row is not None:
+            out.append(row)
+    reference = result.endpoint.recovery.reference if result.endpoint.recovery is not None else None
+    for rec in recovery(result):
+        row = _trim(f"{rec.arm} − {reference}", rec.format, None, rec.deltas, rec.test,
+                    flagged.get((rec.format, rec.arm), set()) | flagged.get((rec.format, reference), set()))
         if row is not None:
             out.append(row)
     lad = ladder(result)

@@ -121,6 +121,26 @@ def test_an_arm_study_names_its_stalls_and_shows_each_comparison_without_them() 
     assert "| stage_w − fp32 stage_w | e4m3 | 6 |" in trimmed_table(list(rows.values()), 0.95)
 
 
+def test_a_stall_in_the_recovery_reference_is_named_and_its_rows_shown_without_it() -> None:
+    """The recovery reference (adamw_fm) is in no contrast, yet one stalled seed there rules every recovery row of
+    its format: its cell is looked at, and each recovery row that pairs the seed is shown again without it."""
+    result = run(_stalled(ladder_study(), {("e4m3", "adamw_fm", 4): 0.8}))
+    cells = spreads(result)
+    parts = {(c.format, c.arm): c.part for c in cells}
+    assert parts[("e4m3", "adamw_fm")] == "recovery" and parts[("e4m3", "adamw_sr")] == "evaluation"
+    assert len([c for c in cells if (c.format, c.arm) == ("e4m3", "adamw_sr")]) == 1   # a contrast's arm: once
+    flagged = {(c.format, c.arm, s) for c in cells for s in c.outlying}
+    assert ("e4m3", "adamw_fm", 4) in flagged
+    rows = {(r.name, r.format): r for r in trimmed(result, cells)}
+    row = rows[("manifold_sr − adamw_fm", "e4m3")]
+    assert row.dropped == (4,) and row.full.n == 6 and row.kept.n == 5
+    assert row.full.mean < row.kept.mean                        # the stall made every arm look ahead of adamw_fm
+    assert row.kept.mean == pytest.approx(PLANTED[("e4m3", "manifold_sr")], abs=0.05)
+    assert ("adamw_sr − adamw_fm", "e4m3") in rows and ("adamw_sr − adamw_fm", "e7m0") not in rows
+    assert "| e4m3 | adamw_fm | recovery | 6 |" in outlier_table(cells)
+    assert "adamw_fm 1 of 18" in finding_lines(result)[0]
+
+
 def test_a_study_without_stalls_says_so() -> None:
     result = run(study(PLANTED))
     cells = spreads(result)
