@@ -47,8 +47,8 @@ train: $(STAMP) ## train the default nanoGPT on the embedded corpus (≈2 min on
 test: $(STAMP) ## run the test suite (slow end-to-end tests excluded); EURLEX=DIR also reruns study-2 records
 	$(BIN)/python -m pytest -q -n auto --dist loadscope $(if $(EURLEX),--eurlex=$(abspath $(EURLEX))) $(ARGS)
 
-test-slow: $(STAMP) ## run only the slow tests (full default run, torch.compile, ...)
-	$(BIN)/python -m pytest -q -n auto --dist loadscope -m slow $(ARGS)
+test-slow: $(STAMP) ## run only the slow tests (full default run, torch.compile, ...); EURLEX=DIR: every arm's record reruns
+	$(BIN)/python -m pytest -q -n auto --dist loadscope -m slow $(if $(EURLEX),--eurlex=$(abspath $(EURLEX))) $(ARGS)
 
 test-gpu: ## on a CUDA machine (its own torch): CUDA kernels and quantizers vs the CPU reference, bit for bit
 	python3 -m pytest -q -p no:cacheprovider tests/gpu $(ARGS)

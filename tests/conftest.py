@@ -26,6 +26,29 @@ def offline_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     }
 
 
+# Test files whose tests are long, separate processes that share no fixture: `make test` (xdist, `--dist loadscope`,
+# which keeps a file's tests on one worker so its module fixtures are built once) sends each of their tests to any
+# worker instead. (`--dist loadgroup` with xdist_group marks would say this per file, but xdist 3.8 under pytest 9.2
+# no longer groups: pytest-dev/pytest-xdist#1386.)
+SPREAD_OVER_WORKERS = frozenset({"tests/study/test_record_rerun.py"})
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """loadscope, but a test of a SPREAD_OVER_WORKERS file is a scope of its own."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SpreadingLoadScope(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            if nodeid.split("::", 1)[0] in SPREAD_OVER_WORKERS:
+                return nodeid
+            return super()._split_scope(nodeid)
+
+    return SpreadingLoadScope(config, log)
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--eurlex", default=None, metavar="DIR",
                      help="the eurlex-en folder (docs/data.md): rerun committed study-2 records and match them "

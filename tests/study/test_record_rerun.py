@@ -2,7 +2,9 @@
 steps on this code, gives the same numbers bit for bit (initial weights, data order and the logged training loss;
 the initial weights' fingerprint only where the record was not resumed: a resumed run records the weights it
 resumed from).
-Needs the eurlex-en files (--eurlex DIR); the records were computed with one thread, and so is the rerun."""
+Needs the eurlex-en files (--eurlex DIR); the records were computed with one thread, and so is the rerun. The default
+suite reruns the evaluation stages' records; the tuning stages' (the same arms at other lrs and seeds) run with
+`make test-slow`."""
 
 from __future__ import annotations
 
@@ -17,23 +19,46 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 RECORDS = REPO / "docs" / "results" / "study-ongrid" / "runs"
+PLAN = REPO / "conf" / "study" / "ongrid.yaml"
 NOT_REPEATED = ("data.dir=", "+resume_sweep=", "resume_sweep=", "hydra.")
 
 
-def one_record_per_stage() -> list[Path]:
-    """The first completed record of each stage (evaluation stages first), as the study committed them."""
+def first_record_of_each_arm() -> dict[tuple[str, str], Path]:
+    """The first completed record of each arm in each stage, as the study committed them: {(stage, arm): record}."""
+    picked: dict[tuple[str, str], Path] = {}
     if not RECORDS.is_dir():
-        return []
-    picked = []
+        return picked
     for stage in sorted(p for p in RECORDS.iterdir() if p.is_dir()):
         for job in sorted(stage.iterdir()):
+            arm = next((part[4:] for part in job.name.split(",") if part.startswith("arm=")), "")
+            if (stage.name, arm) in picked:
+                continue
             try:
                 if json.loads((job / "summary.json").read_text())["status"] == "completed":
-                    picked.append(job)
-                    break
+                    picked[stage.name, arm] = job
             except (OSError, ValueError, KeyError):
                 continue
     return picked
+
+
+def stage_kinds() -> dict[str, str]:
+    """The plan's stages by name: sweep (pilot, failure stages, evaluation), tune, ..."""
+    return {stage["name"]: stage["kind"] for stage in yaml.safe_load(PLAN.read_text())["stages"]}
+
+
+def reruns() -> list:
+    """One record of each stage but tuning in the default suite, an arm no earlier stage's pick has where the stage
+    holds one (so the evaluation's arms are covered at little cost); every other (stage, arm) runs as slow."""
+    records, kinds = first_record_of_each_arm(), stage_kinds()
+    default: set[tuple[str, str]] = set()
+    for stage in dict.fromkeys(stage for stage, _ in records):
+        if kinds.get(stage) == "tune":
+            continue
+        arms = [arm for st, arm in records if st == stage]
+        new = [arm for arm in arms if arm not in {a for _, a in default}]
+        default.add((stage, (new or arms)[0]))
+    return [pytest.param(record, id=f"{key[0]}/{record.name}", marks=[] if key in default else [pytest.mark.slow])
+            for key, record in records.items()]
 
 
 def first_logged_loss(metrics: Path) -> tuple[int, str]:
@@ -44,7 +69,7 @@ def first_logged_loss(metrics: Path) -> tuple[int, str]:
     raise AssertionError(f"{metrics} logs no train/loss")
 
 
-@pytest.mark.parametrize("record", one_record_per_stage(), ids=lambda p: f"{p.parent.name}/{p.name}")
+@pytest.mark.parametrize("record", reruns())
 def test_a_committed_record_reruns_to_the_same_numbers(record: Path, eurlex: str, tmp_path: Path,
                                                        offline_env: dict[str, str]) -> None:
     summary = json.loads((record / "summary.json").read_text())
