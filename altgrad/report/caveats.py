@@ -301,13 +301,15 @@ def time_shift_line(result: StudyResult) -> str | None:
         rate = (a - b) / (horizon - start)  # nats per step over the last quarter
         rates.append(rate)
         if rate > 0:
-            parts.append(f"{c.format} {abs(c.test.mean) / rate:.0f}")
+            steps = abs(c.test.mean) / rate
+            parts.append(f"{c.format} {steps:.0f} ({100 * steps / horizon:.0f} %)")
     if not rates or not parts:
         return None
-    return (f"Time shift: at H the {primary.reference} arms were still descending, by a median "
-            f"{100 * statistics.median(rates):.3f} nats per 100 steps over the last quarter (mean curve per format); "
-            f"measured in that descent, |Δ({primary.name})| is worth ≈ " + ", ".join(parts) + " steps. On curves "
-            "this steep a Δ at H can be one arm reaching the same curve earlier rather than a lower loss.")
+    return (f"Time shift: at the horizon ({horizon} steps) the {primary.reference} arms were still descending, by a "
+            f"median {100 * statistics.median(rates):.3f} nats per 100 steps over the last quarter (mean curve per "
+            f"format); measured in that descent, |Δ({primary.name})| is worth ≈ " + ", ".join(parts) + " steps (in "
+            "brackets: share of the horizon). While the curves still fall, a Δ at the horizon can be one arm reaching "
+            "the same curve earlier rather than a lower loss.")
 
 
 def _ulp_is_magnitude(c: Comparison) -> bool:

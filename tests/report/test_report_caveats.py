@@ -139,3 +139,26 @@ def test_manifold_against_relative_in_a_format_without_mantissa_bits_is_named_th
     assert same_step_line(run([fp32_master(j, "smooth") for j in jobs])) is not None   # smooth: |w|·2^0 = |w|
     no_relative = [j for j in jobs if j.arm != "relative_sr"]
     assert same_step_line(run(no_relative)) is None                            # no runs: nothing to compare
+
+
+def test_the_time_shift_is_read_at_the_endpoints_own_horizon_and_as_a_share_of_it() -> None:
+    """|Δ| in steps of the reference arm's descent over the last quarter, named with the horizon it was read at."""
+    import dataclasses
+
+    from test_report_arms import PLANTED, run, study
+
+    from altgrad.report.caveats import time_shift_line
+
+    # every run falls 0.13 nats from step 37 (3/4 of the declared horizon, 50) to its end: 1 nat per 100 steps
+    jobs = [dataclasses.replace(j, curve=((0, 5.5), (37, j.summary["final_val_loss"] + 0.13),
+                                          (50, j.summary["final_val_loss"]))) for j in study(PLANTED)]
+    result = run(jobs)
+    line = time_shift_line(result)
+    assert line is not None and line.startswith("Time shift: at the horizon (50 steps) the adamw_sr arms")
+    assert "by a median 1.000 nats per 100 steps" in line
+    p2 = next(c for c in result.comparisons if c.contrast.label == "P2" and c.format == "e4m3")
+    steps = abs(p2.test.mean) / 0.01                                   # planted −0.20: ≈ 20 steps, 40 % of 50
+    assert 15 < steps < 25 and f"e4m3 {steps:.0f} ({2 * steps:.0f} %)" in line
+    flat = [dataclasses.replace(j, curve=((0, 5.5), (37, j.summary["final_val_loss"]),
+                                          (50, j.summary["final_val_loss"]))) for j in study(PLANTED)]
+    assert time_shift_line(run(flat)) is None                          # no descent left: no time to convert into
