@@ -53,15 +53,25 @@ class HorizonPair:
     h_short: int
     h_long: int
 
+    tie_margin: float = 0.0
+
     @property
     def sign_change(self) -> str | None:
-        """``significant`` when both are corrected differences of opposite sign, ``point`` when only the point
-        estimates' signs differ, None when they agree (or one is missing)."""
+        """How the contrast moved between the horizons: ``significant`` when both are corrected differences of
+        opposite sign; ``verdict`` when one horizon shows a tie and the other a difference (both established);
+        ``point`` when only the point estimates' signs differ and at least one lies beyond the tie margin; None
+        otherwise (the same sign, one missing, or two estimates inside the tie margin, where a sign means nothing)."""
         a, b = self.short.test.mean, self.long.test.mean
-        if a is None or b is None or (a < 0) == (b < 0):
+        if a is None or b is None:
             return None
-        both = {self.short.verdict, self.long.verdict} == {"benefit", "harm"}
-        return "significant" if both else "point"
+        verdicts, differences = {self.short.verdict, self.long.verdict}, {"benefit", "harm"}
+        if verdicts == differences:
+            return "significant"
+        if "tie" in verdicts and verdicts & differences:
+            return "verdict"
+        if (a < 0) != (b < 0) and max(abs(a), abs(b)) > self.tie_margin:
+            return "point"
+        return None
 
 
 def horizon_pairs(results: Sequence[StudyResult]) -> list[HorizonPair]:
@@ -79,7 +89,8 @@ def horizon_pairs(results: Sequence[StudyResult]) -> list[HorizonPair]:
                              and (s.contrast.treatment, s.contrast.reference)
                              == (c.contrast.treatment, c.contrast.reference)), None)
                 if mate is not None:
-                    out.append(HorizonPair(c.contrast.label or c.contrast.name, c.format, mate, c, hs, hl))
+                    out.append(HorizonPair(c.contrast.label or c.contrast.name, c.format, mate, c, hs, hl,
+                                           long.endpoint.tie_margin))
     return out
 
 
@@ -95,8 +106,11 @@ def horizon_lines(results: Sequence[StudyResult]) -> list[str]:
                 f"{'—' if b is None else f'{b:+.4f}'} ({p.long.verdict}) at {p.h_long}")
         if p.sign_change == "significant":
             text += " — **the sign changes: a horizon effect**"
+        elif p.sign_change == "verdict":
+            text += " — **a tie at one horizon, a difference at the other: a horizon effect**"
         elif p.sign_change == "point":
-            text += " — the point estimate changes sign (not both established): a possible horizon effect"
+            text += (f" — the point estimate changes sign, beyond the tie margin (±{p.tie_margin:g}) at one horizon, "
+                     "and not both are established: a possible horizon effect")
         parts.append(text)
     return ["Horizon (the same contrasts, each run's schedule ending at its own horizon; each horizon's verdicts "
             "under its own declaration): " + "; ".join(parts) + "."]

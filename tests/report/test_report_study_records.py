@@ -140,3 +140,26 @@ def test_power_plan_checked_against_the_evaluations_sd() -> None:
         assert f"{c.format} {c.paired_sd:.3g} → n {'> 1000' if n is None else f'= {n}'}" in line
     assert records.power_check_line({**record, "paired_sd": None}, result) is None
     assert "3 df); the evaluation's" in records.power_check_line({**record, "needed": None}, result)
+
+
+@pytest.mark.parametrize(("short", "long", "change"), [
+    (("tie", +0.0005), ("not established", -0.0384), "point"),   # study 2's P1 e4m3 after one 4H pair: beyond ±0.03
+    (("tie", +0.0005), ("not established", -0.0200), None),      # both inside the tie margin: a sign means nothing
+    (("tie", +0.0005), ("benefit", -0.0800), "verdict"),         # a tie at H, a difference at 4H: established both ways
+    (("harm", +0.0900), ("tie", -0.0050), "verdict"),
+    (("benefit", -0.0900), ("harm", +0.0700), "significant"),
+    (("benefit", -0.0900), ("not established", -0.0100), None),  # the same sign
+])
+def test_a_horizon_change_is_judged_against_the_tie_margin(short, long, change) -> None:
+    """Two point estimates inside the tie margin differ in sign by noise alone; a tie at one horizon and an
+    established difference at the other is a horizon effect even without a sign change."""
+    import dataclasses
+
+    (pair, *_) = records.horizon_pairs(results(study(PLANTED) + long_study(PLANTED)))
+    assert pair.tie_margin == 0.03
+
+    def at(c, verdict: str, mean: float):
+        return dataclasses.replace(c, verdict=verdict, test=dataclasses.replace(c.test, mean=mean))
+
+    moved = dataclasses.replace(pair, short=at(pair.short, *short), long=at(pair.long, *long))
+    assert moved.sign_change == change
