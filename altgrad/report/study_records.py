@@ -256,11 +256,12 @@ def power_check_line(record: dict[str, Any] | None, result: StudyResult) -> str 
         by_contrast.setdefault(name, []).append(f"{c.format} {sd:.3g} → n {'> 1000' if n is None else f'= {n}'}")
     sds = [sd for _, sd in observed]
     ran = sorted({len(c.deltas) for c, _ in observed})
+    lo, hi = f"{min(sds) / planned:.2g}", f"{max(sds) / planned:.2g}"
     needed, seeds = record.get("needed"), record.get("seeds")
     plan = f", n = {needed} → {seeds} seeds" if isinstance(needed, int) and isinstance(seeds, int) else ""
     return (f"The power plan against the evaluation: the plan's pooled paired SD was {planned:.4f} (tuning seeds, "
             f"{record.get('df')} df){plan}; the evaluation's "
-            f"paired SD per format lies at {min(sds) / planned:.2g}–{max(sds) / planned:.2g} × it "
+            f"paired SD per format lies at {lo if lo == hi else f'{lo}–{hi}'} × it "
             f"({sum(sd > planned for sd in sds)} of {len(sds)} above), and at each the plan's calculation (±{margin} "
             f"at α = {alpha}/{family}, power {power}) asks for: "
             + "; ".join(f"{name}: {', '.join(parts)}" for name, parts in by_contrast.items())

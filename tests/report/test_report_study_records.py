@@ -3,6 +3,8 @@ against 4H, the lr scans (pick, bracketing, failed lrs), the power record and th
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 from pathlib import Path
 from typing import Any
@@ -140,6 +142,11 @@ def test_power_plan_checked_against_the_evaluations_sd() -> None:
         assert f"{c.format} {c.paired_sd:.3g} → n {'> 1000' if n is None else f'= {n}'}" in line
     assert records.power_check_line({**record, "paired_sd": None}, result) is None
     assert "3 df); the evaluation's" in records.power_check_line({**record, "needed": None}, result)
+    lo, hi = f"{min(sds) / 0.002:.2g}", f"{max(sds) / 0.002:.2g}"
+    assert lo != hi and f"lies at {lo}–{hi} × it" in line
+    one = [c for c in result.comparisons if len(c.deltas) >= 2][:1]          # one SD: said once, not "x–x"
+    single = records.power_check_line(record, dataclasses.replace(result, comparisons=tuple(one)))
+    assert f"lies at {one[0].paired_sd / 0.002:.2g} × it (" in single
 
 
 @pytest.mark.parametrize(("short", "long", "change"), [
