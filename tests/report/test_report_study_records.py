@@ -4,7 +4,6 @@ against 4H, the lr scans (pick, bracketing, failed lrs), the power record and th
 from __future__ import annotations
 
 import dataclasses
-
 import json
 from pathlib import Path
 from typing import Any
@@ -160,8 +159,6 @@ def test_power_plan_checked_against_the_evaluations_sd() -> None:
 def test_a_horizon_change_is_judged_against_the_tie_margin(short, long, change) -> None:
     """Two point estimates inside the tie margin differ in sign by noise alone; a tie at one horizon and an
     established difference at the other is a horizon effect even without a sign change."""
-    import dataclasses
-
     (pair, *_) = records.horizon_pairs(results(study(PLANTED) + long_study(PLANTED)))
     assert pair.tie_margin == 0.03
 

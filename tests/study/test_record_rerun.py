@@ -3,8 +3,8 @@ steps on this code, gives the same numbers bit for bit (initial weights, data or
 the initial weights' fingerprint only where the record was not resumed: a resumed run records the weights it
 resumed from).
 Needs the eurlex-en files (--eurlex DIR); the records were computed with one thread, and so is the rerun. The default
-suite reruns the evaluation stages' records; the tuning stages' (the same arms at other lrs and seeds) run with
-`make test-slow`."""
+suite reruns one record of each stage but tuning (pilot, ladder, evaluation); every other stage × arm, the tuning
+stages' included (the same arms at other lrs and seeds), runs with `make test-slow`."""
 
 from __future__ import annotations
 
@@ -24,20 +24,19 @@ NOT_REPEATED = ("data.dir=", "+resume_sweep=", "resume_sweep=", "hydra.")
 
 
 def first_record_of_each_arm() -> dict[tuple[str, str], Path]:
-    """The first completed record of each arm in each stage, as the study committed them: {(stage, arm): record}."""
+    """The first completed record of each arm in each stage, as the study committed them: {(stage, arm): record},
+    the arm as each run's summary names it (the pilot's fp32 runs carry the ladder's first rung, `stage_w`)."""
     picked: dict[tuple[str, str], Path] = {}
     if not RECORDS.is_dir():
         return picked
     for stage in sorted(p for p in RECORDS.iterdir() if p.is_dir()):
         for job in sorted(stage.iterdir()):
-            arm = next((part[4:] for part in job.name.split(",") if part.startswith("arm=")), "")
-            if (stage.name, arm) in picked:
-                continue
             try:
-                if json.loads((job / "summary.json").read_text())["status"] == "completed":
-                    picked[stage.name, arm] = job
-            except (OSError, ValueError, KeyError):
+                summary = json.loads((job / "summary.json").read_text())
+            except (OSError, ValueError):
                 continue
+            if summary.get("status") == "completed":
+                picked.setdefault((stage.name, summary.get("arm") or ""), job)
     return picked
 
 
@@ -51,12 +50,14 @@ def reruns() -> list:
     holds one (so the evaluation's arms are covered at little cost); every other (stage, arm) runs as slow."""
     records, kinds = first_record_of_each_arm(), stage_kinds()
     default: set[tuple[str, str]] = set()
+    covered: set[str] = set()
     for stage in dict.fromkeys(stage for stage, _ in records):
         if kinds.get(stage) == "tune":
             continue
         arms = [arm for st, arm in records if st == stage]
-        new = [arm for arm in arms if arm not in {a for _, a in default}]
-        default.add((stage, (new or arms)[0]))
+        arm = next((a for a in arms if a not in covered), arms[0])
+        default.add((stage, arm))
+        covered.add(arm)
     return [pytest.param(record, id=f"{key[0]}/{record.name}", marks=[] if key in default else [pytest.mark.slow])
             for key, record in records.items()]
 
