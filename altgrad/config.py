@@ -520,6 +520,7 @@ def validate(cfg: DictConfig, *, paths: bool = True) -> RunConfig:
         except OmegaConfBaseException as err:
             raise _section_error(key, err) from None
     _check_combinations(out)
+    _check_layer_map(_resolved(cfg, "layer_map"), _resolved(cfg, "format"))
     if scalars["ckpt_path"] is not None:
         resolve_checkpoint(scalars["ckpt_path"])
     return RunConfig(composed=cfg, seed=seed, run_name=scalars["run_name"], ckpt_path=scalars["ckpt_path"],
@@ -533,6 +534,17 @@ def _check_combinations(sections: dict[str, Any]) -> None:
     if target.rsplit(".", 1)[-1] == "GridOptim" and quant is not None and quant.master != "none":
         raise ConfigError(f"optimizer={optimizer.name} moves weights between grid points and needs them stored on "
                           f"the grid; quant.master={quant.master!r} is not valid with it; valid: quant.master=none")
+
+
+def _check_layer_map(layer_map: dict[str, Any], format_cfg: dict[str, Any]) -> None:
+    """The layer map's rules and their role values, as FakeQuantCallback reads them: refused here, before torch and
+    Lightning set anything up, rather than when the rules meet the model."""
+    from altgrad.quant.layer_map import LayerMap, LayerMapError
+
+    try:
+        LayerMap.from_config(layer_map, format_cfg).check_values()
+    except LayerMapError as err:
+        raise ConfigError(str(err)) from None
 
 
 def resolve_checkpoint(path: str | os.PathLike) -> Path:

@@ -286,13 +286,24 @@ class LayerMap:
                                  f"Linear modules are: {', '.join(names)}")
             for role in ROLES:
                 if role in rule:
-                    where = f"layer_map rule {i} ({rule['match']!r})"
-                    try:
-                        value = self.defaults.role_spec(role, rule[role], where)
-                    except (ValueError, TypeError) as err:  # a bad role value: one line, not a traceback
-                        message = str(err)
-                        raise LayerMapError(message if message.startswith(where) else f"{where}: role {role!r}: "
-                                            f"{message}") from None
+                    value = self._role_spec(i, rule, role)
                     for n in hits:
                         specs[n][role] = value
         return {n: ResolvedLayer(**specs[n], tied=n in tied) for n in names}
+
+    def check_values(self) -> None:
+        """Every rule's role values resolve (LayerMapError, one line, if not): what resolve() checks without a
+        model, so a config can be refused before anything is built."""
+        for i, rule in enumerate(self.rules):
+            for role in ROLES:
+                if role in rule:
+                    self._role_spec(i, rule, role)
+
+    def _role_spec(self, index: int, rule: Mapping[str, Any], role: str) -> QuantSpec | None:
+        where = f"layer_map rule {index} ({rule['match']!r})"
+        try:
+            return self.defaults.role_spec(role, rule[role], where)
+        except (ValueError, TypeError) as err:  # a bad role value: one line, not a traceback
+            message = str(err)
+            raise LayerMapError(message if message.startswith(where) else f"{where}: role {role!r}: "
+                                f"{message}") from None

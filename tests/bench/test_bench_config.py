@@ -54,12 +54,13 @@ def test_every_group_has_options() -> None:
                                                                 "submitit_slurm"}
 
 
-def first_sweep_point(tmp_path: Path, experiment: str) -> list[str]:
-    """The overrides of an experiment's first job: the first value of each of its sweeper params."""
+def first_sweep_point(tmp_path: Path, experiment: str) -> tuple[list[str], DictConfig]:
+    """The overrides of an experiment's first job (the first value of each of its sweeper params), and the experiment
+    as composed with Hydra's own config."""
     cfg = compose_cfg(tmp_path, f"experiment={experiment}", hydra_cfg=True)
     params = cfg.hydra.sweeper.get("params")
     params = OmegaConf.to_container(params, resolve=False) if params is not None else {}
-    return [f"{key}={str(value).split(',')[0].strip()}" for key, value in params.items()]
+    return [f"{key}={str(value).split(',')[0].strip()}" for key, value in params.items()], cfg
 
 
 def data_folder(tmp_path: Path, cfg: DictConfig) -> list[str]:
@@ -98,18 +99,20 @@ def instantiate_run(run: RunConfig) -> None:
 @pytest.mark.parametrize(("group", "option"), OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
 def test_option_composes_validates_and_instantiates(tmp_path: Path, group: str, option: str,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    extra = []
+    extra, cfg = [], None
     if group == "experiment":
         text = tmp_path / "evidence.txt"  # the GPU confirmation's debug twins read a text file named by this variable
         text.write_text("Article 1\nThis Regulation applies.\n" * 50)
         monkeypatch.setenv("ALTGRAD_EVIDENCE_TEXT", str(text))
-        extra = first_sweep_point(tmp_path, option)
-        extra += data_folder(tmp_path, compose_cfg(tmp_path, f"{group}={option}", *extra))
-        first = compose_cfg(tmp_path, f"{group}={option}", *extra)
-        if "${tuned_lr." in str(OmegaConf.to_container(first, resolve=False)):
+        extra, plain = first_sweep_point(tmp_path, option)
+        if any(e.lstrip("+~").startswith("data") for e in extra):  # the first job's data differ from the plain one's
+            plain = compose_cfg(tmp_path, f"{group}={option}", *extra)
+        extra += data_folder(tmp_path, plain)
+        cfg = compose_cfg(tmp_path, f"{group}={option}", *extra)
+        if "${tuned_lr." in str(OmegaConf.to_container(cfg, resolve=False)):
             # a sweep that reads its lrs from a table that tuning writes: until the table exists it stops in one line
             try:
-                validate(first)
+                validate(cfg)
             except ConfigError as err:
                 assert "tuned_lr" in str(err) and "\n" not in str(err)
                 return
@@ -120,7 +123,8 @@ def test_option_composes_validates_and_instantiates(tmp_path: Path, group: str, 
         extra = [f"data.path={tmp_path / 'corpus.txt'}"]
     if group == "optimizer" and option.startswith("grid"):
         extra = ["quant.master=none"]  # GridOptim needs the weights stored on the grid (config.validate says so)
-    cfg = compose_cfg(tmp_path, f"{group}={option}", *extra, hydra_cfg=group.startswith("hydra"))
+    if cfg is None:
+        cfg = compose_cfg(tmp_path, f"{group}={option}", *extra, hydra_cfg=group.startswith("hydra"))
     if group.startswith("hydra"):
         # Hydra refuses to instantiate its own internal BasicLauncher declaratively; build each class directly.
         params = OmegaConf.to_container(cfg.hydra.launcher, resolve=False)
@@ -197,6 +201,8 @@ def test_experiment_sweeps_are_hydra_sweeper_params(tmp_path: Path) -> None:
     ("seed=abc", "seed='abc' is invalid: expected an integer"),
     ("ckpt_path=/no/such/run", "ckpt_path='/no/such/run' is not a checkpoint file or a run dir"),
     ("data=local", "data.path is required for data=local"),
+    ("+layer_map.rules=[{match: lm_head, input: e9m9}]",
+     "layer_map rule 0 ('lm_head'): role 'input': unknown format 'e9m9'; valid: "),
 ])
 def test_bad_values_fail_in_one_line(tmp_path: Path, override: str, expected: str) -> None:
     cfg = compose_cfg(tmp_path, override)
