@@ -1,5 +1,6 @@
-"""Cells from real runs: a sweep over two model widths is two cells in its report, and the keys a cell ignores as
-"location" really change no number a run records (same weights, same losses, same metrics rows)."""
+"""Cells from real runs: a sweep over two model widths is one run dir per job and two cells in its report, and the
+keys a cell ignores as "location" really change no number a run records (same weights, same losses, same metrics
+rows)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,11 @@ def test_a_sweep_over_two_model_widths_is_reported_as_two_cells(tmp_path: Path, 
     result = run_train(["-m", *TINY, "trainer.max_steps=2", "model.n_embd=32,64", "seed=1,2",
                         f"hydra.sweep.dir={sweep}"], offline_env)
     assert result.returncode == 0, result.stderr[-3000:]
+    jobs = [sweep / str(i) for i in range(4)]  # one run dir per job, in Hydra's order: width, then seed
+    assert [summary(j)["seed"] for j in jobs] == [1, 2, 1, 2]
+    assert all(summary(j)["status"] == "completed" and summary(j)["steps"] == 2 for j in jobs)
+    assert all((j / "checkpoints" / "last.ckpt").is_file() for j in jobs)
+    assert summary(jobs[0])["final_val_loss"] != summary(jobs[1])["final_val_loss"]  # the seed reaches the run
     cells = group_cells(load_sweeps([sweep]).jobs)
     assert sorted(c["setup"].split(" · ")[0] for c in cells) == ["model.n_embd=32", "model.n_embd=64"]
     assert [sorted(j.seed for j in c.jobs) for c in cells] == [[1, 2], [1, 2]]

@@ -1,10 +1,11 @@
 """One code state per study: a committed record of study 2, rerun from its own overrides for its first logged
-steps on this code, gives the same numbers bit for bit (initial weights, data order and the logged training loss;
-the initial weights' fingerprint only where the record was not resumed: a resumed run records the weights it
-resumed from).
+steps on this code, gives the same numbers bit for bit (initial weights, data order, the step-0 validation loss and
+the logged training loss; the initial weights and the step-0 loss only where the record was not resumed: a resumed
+run records the run it resumed from).
 Needs the eurlex-en files (--eurlex DIR); the records were computed with one thread, and so is the rerun. The default
-suite reruns one record of each stage but tuning (pilot, ladder, evaluation); every other stage × arm, the tuning
-stages' included (the same arms at other lrs and seeds), runs with `make test-slow`."""
+suite reruns one record of each evaluation stage (its seeds from the power calculation) holding an arm no earlier pick
+covers: the P1 and P2 arms, AdamW on float32 masters, the 4H schedule; every other stage × arm (the pilot, the
+ladder, the tuning runs: the same arms at other lrs, seeds and formats) runs with `make test-slow`."""
 
 from __future__ import annotations
 
@@ -40,24 +41,23 @@ def first_record_of_each_arm() -> dict[tuple[str, str], Path]:
     return picked
 
 
-def stage_kinds() -> dict[str, str]:
-    """The plan's stages by name: sweep (pilot, failure stages, evaluation), tune, ..."""
-    return {stage["name"]: stage["kind"] for stage in yaml.safe_load(PLAN.read_text())["stages"]}
+def evaluation_stages() -> list[str]:
+    """The plan's evaluation stages in plan order: the sweeps whose seeds come from the power calculation."""
+    return [stage["name"] for stage in yaml.safe_load(PLAN.read_text())["stages"]
+            if stage["kind"] == "sweep" and stage.get("seeds") == "power"]
 
 
 def reruns() -> list:
-    """One record of each stage but tuning in the default suite, an arm no earlier stage's pick has where the stage
-    holds one (so the evaluation's arms are covered at little cost); every other (stage, arm) runs as slow."""
-    records, kinds = first_record_of_each_arm(), stage_kinds()
+    """In the default suite, one record of each evaluation stage with an arm no earlier pick has (a stage whose arms
+    are all covered adds none); every other (stage, arm) runs as slow."""
+    records = first_record_of_each_arm()
     default: set[tuple[str, str]] = set()
     covered: set[str] = set()
-    for stage in dict.fromkeys(stage for stage, _ in records):
-        if kinds.get(stage) == "tune":
-            continue
-        arms = [arm for st, arm in records if st == stage]
-        arm = next((a for a in arms if a not in covered), arms[0])
-        default.add((stage, arm))
-        covered.add(arm)
+    for stage in evaluation_stages():
+        arm = next((a for st, a in records if st == stage and a not in covered), None)
+        if arm is not None:
+            default.add((stage, arm))
+            covered.add(arm)
     return [pytest.param(record, id=f"{key[0]}/{record.name}", marks=[] if key in default else [pytest.mark.slow])
             for key, record in records.items()]
 
@@ -86,6 +86,7 @@ def test_a_committed_record_reruns_to_the_same_numbers(record: Path, eurlex: str
     assert done.returncode == 0, done.stderr[-2000:]
     again = json.loads((run / "summary.json").read_text())
     assert again["data_files"] == summary["data_files"]
-    if summary.get("resumed_at_step") is None:  # a resumed record's fingerprint is of the weights it resumed from
-        assert again["fingerprint"]["init_params"] == summary["fingerprint"]["init_params"]
+    if summary.get("resumed_at_step") is None:  # a resumed record's fingerprint and step-0 validation are of the
+        assert again["fingerprint"]["init_params"] == summary["fingerprint"]["init_params"]  # run it resumed from
+        assert again["initial_val_loss"] == summary["initial_val_loss"]
     assert first_logged_loss(run / "metrics.csv") == (step, loss)
