@@ -116,7 +116,8 @@ def check_overrides(argv: list[str], conf_dir: Path, config_name: str = "train")
                 given = {c.split("=", 1)[0].lstrip("+~") for c in combo}
                 first = [f"{k}={str(v).split(',')[0].strip()}" for k, v in params.items()
                          if k.lstrip("+~") not in given]
-                cfg = compose(config_name=config_name, overrides=[*combo, *first])
+                if first:  # otherwise the config composed above is the job's (validate ignores its hydra node)
+                    cfg = compose(config_name=config_name, overrides=[*combo, *first])
                 validate(cfg, paths=False)
             except ConfigError as err:
                 return str(err)
