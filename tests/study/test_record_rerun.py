@@ -1,7 +1,7 @@
 """One code state per study: a committed record of study 2, rerun from its own overrides for its first logged
 steps on this code, gives the same numbers bit for bit (initial weights, data order, the step-0 validation loss and
-the logged training loss; the initial weights and the step-0 loss only where the record was not resumed: a resumed
-run records the run it resumed from).
+the logged training loss; the initial weights' fingerprint only where the record was not resumed: a resumed run
+records the weights it resumed from).
 Needs the eurlex-en files (--eurlex DIR); the records were computed with one thread, and so is the rerun. The default
 suite reruns one record of each evaluation stage (its seeds from the power calculation) holding an arm no earlier pick
 covers: the P1 and P2 arms, AdamW on float32 masters, the 4H schedule; every other stage × arm (the pilot, the
@@ -86,7 +86,7 @@ def test_a_committed_record_reruns_to_the_same_numbers(record: Path, eurlex: str
     assert done.returncode == 0, done.stderr[-2000:]
     again = json.loads((run / "summary.json").read_text())
     assert again["data_files"] == summary["data_files"]
-    if summary.get("resumed_at_step") is None:  # a resumed record's fingerprint and step-0 validation are of the
-        assert again["fingerprint"]["init_params"] == summary["fingerprint"]["init_params"]  # run it resumed from
-        assert again["initial_val_loss"] == summary["initial_val_loss"]
+    assert again["initial_val_loss"] == summary["initial_val_loss"]  # a resumed record keeps its run's step-0 loss
+    if summary.get("resumed_at_step") is None:  # a resumed record's fingerprint is of the weights it resumed from
+        assert again["fingerprint"]["init_params"] == summary["fingerprint"]["init_params"]
     assert first_logged_loss(run / "metrics.csv") == (step, loss)
