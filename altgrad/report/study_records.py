@@ -59,8 +59,10 @@ class HorizonPair:
     def sign_change(self) -> str | None:
         """How the contrast moved between the horizons: ``significant`` when both are corrected differences of
         opposite sign; ``verdict`` when one horizon shows a tie and the other a difference (both established);
-        ``point`` when only the point estimates' signs differ and at least one lies beyond the tie margin; None
-        otherwise (the same sign, one missing, or two estimates inside the tie margin, where a sign means nothing)."""
+        ``point`` when only the point estimates' signs differ and at least one lies beyond the tie margin;
+        ``margin`` when a tie at one horizon meets, at the other, an estimate of the same sign beyond the tie margin
+        that is not established; None otherwise (the same sign without a tie, one missing, or two estimates inside
+        the tie margin, where a sign means nothing)."""
         a, b = self.short.test.mean, self.long.test.mean
         if a is None or b is None:
             return None
@@ -71,6 +73,8 @@ class HorizonPair:
             return "verdict"
         if (a < 0) != (b < 0) and max(abs(a), abs(b)) > self.tie_margin:
             return "point"
+        if "tie" in verdicts and max(abs(a), abs(b)) > self.tie_margin:
+            return "margin"
         return None
 
 
@@ -111,6 +115,9 @@ def horizon_lines(results: Sequence[StudyResult]) -> list[str]:
         elif p.sign_change == "point":
             text += (f" — the point estimate changes sign, beyond the tie margin (±{p.tie_margin:g}) at one horizon, "
                      "and not both are established: a possible horizon effect")
+        elif p.sign_change == "margin":
+            text += (f" — a tie at one horizon; at the other the estimate lies beyond the tie margin "
+                     f"(±{p.tie_margin:g}), not established: a possible horizon effect")
         parts.append(text)
     return ["Horizon (the same contrasts, each run's schedule ending at its own horizon; each horizon's verdicts "
             "under its own declaration): " + "; ".join(parts) + "."]

@@ -155,10 +155,14 @@ def test_power_plan_checked_against_the_evaluations_sd() -> None:
     (("harm", +0.0900), ("tie", -0.0050), "verdict"),
     (("benefit", -0.0900), ("harm", +0.0700), "significant"),
     (("benefit", -0.0900), ("not established", -0.0100), None),  # the same sign
+    (("tie", -0.0103), ("not established", -0.0500), "margin"),  # a tie leaving the margin, not established
+    (("not established", +0.0500), ("tie", +0.0040), "margin"),
+    (("tie", -0.0103), ("not established", -0.0250), None),      # still inside the margin
 ])
-def test_a_horizon_change_is_judged_against_the_tie_margin(short, long, change) -> None:
+def test_a_horizon_change_is_judged_against_the_tie_margin(short, long, change, monkeypatch) -> None:
     """Two point estimates inside the tie margin differ in sign by noise alone; a tie at one horizon and an
-    established difference at the other is a horizon effect even without a sign change."""
+    established difference at the other is a horizon effect even without a sign change; a tie at one horizon and an
+    estimate beyond the margin at the other, not established, a possible one. The Horizon line says which."""
     (pair, *_) = records.horizon_pairs(results(study(PLANTED) + long_study(PLANTED)))
     assert pair.tie_margin == 0.03
 
@@ -167,3 +171,12 @@ def test_a_horizon_change_is_judged_against_the_tie_margin(short, long, change) 
 
     moved = dataclasses.replace(pair, short=at(pair.short, *short), long=at(pair.long, *long))
     assert moved.sign_change == change
+    monkeypatch.setattr(records, "horizon_pairs", lambda _: [moved])
+    (line,) = records.horizon_lines([])
+    said = {"significant": "**the sign changes: a horizon effect**",
+            "verdict": "**a tie at one horizon, a difference at the other: a horizon effect**",
+            "point": "the point estimate changes sign, beyond the tie margin (±0.03) at one horizon",
+            "margin": "a tie at one horizon; at the other the estimate lies beyond the tie margin (±0.03), not "
+                      "established: a possible horizon effect"}
+    assert all((text in line) == (kind == change) for kind, text in said.items()), line
+    assert ("horizon effect" in line) == (change is not None)
