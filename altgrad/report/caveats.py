@@ -95,16 +95,16 @@ def horizon_lines(scope: Sequence[Job], others: Sequence[Job]) -> list[str]:
     lines = []
     if falls:
         med = statistics.median(falls)
-        span = _span([100 * f for f in falls], "{:.1f}") + " %"
+        fell = span([100 * f for f in falls], "{:.1f}") + " %"
         base = f"relative to its value at step {horizon * 3 // 4}, the start of that quarter"
         if med > STILL_LEARNING:
             lines.append(f"Horizon: H = {horizon} steps, and the runs were still learning there: over the last "
-                         f"quarter of H their validation loss fell by a median {100 * med:.1f} % ({span} over "
+                         f"quarter of H their validation loss fell by a median {100 * med:.1f} % ({fell} over "
                          f"{len(falls)} runs; {base}). The comparison is at this budget; a ranking at H need not "
                          "hold at longer horizons.")
         else:
             lines.append(f"Horizon: H = {horizon} steps; over its last quarter the validation loss changed by a "
-                         f"median {100 * med:.1f} % ({span} over {len(falls)} runs; {base}): close to settled "
+                         f"median {100 * med:.1f} % ({fell} over {len(falls)} runs; {base}): close to settled "
                          "at H.")
     models = {(j.get("model"), j.get("data")) for j in done}
     longer = [j for j in others if j.state == "completed" and (j.get("model"), j.get("data")) in models
@@ -146,7 +146,7 @@ def tuning_runs(scope: Sequence[Job], others: Sequence[Job]) -> dict[tuple[str, 
     return out
 
 
-def _span(values: Sequence[float], fmt: str) -> str:
+def span(values: Sequence[float], fmt: str) -> str:
     """``fmt`` of the least and greatest value joined by "–", or once where the two read the same."""
     lo, hi = fmt.format(min(values)), fmt.format(max(values))
     return lo if lo == hi else f"{lo}–{hi}"
@@ -176,12 +176,12 @@ def lr_grid_line(scope: Sequence[Job], others: Sequence[Job]) -> str | None:
             above.append(there / here)
     if not ratios:
         return None
-    text = (f"Learning-rate scan: adjacent scanned lrs are {_span(ratios, '×{:.2g}')} apart, so an "
+    text = (f"Learning-rate scan: adjacent scanned lrs are {span(ratios, '×{:.2g}')} apart, so an "
             "evaluated lr may sit up to that factor from the best one")
     if counted:
         parts = []
         if above:
-            parts.append(f"ended at {_span(above, '{:.2g}')}× (median {statistics.median(above):.2g}×) the "
+            parts.append(f"ended at {span(above, '{:.2g}')}× (median {statistics.median(above):.2g}×) the "
                          "loss at the evaluated lr")
         if diverged:
             parts.append(f"diverged in {diverged}")

@@ -14,6 +14,7 @@ import statistics
 from collections.abc import Callable, Sequence
 
 from altgrad.report.benefit import Benefit
+from altgrad.report.caveats import span
 from altgrad.report.cells import Cell, describe, varying_fields
 from altgrad.report.endpoint import Contrast
 from altgrad.report.ladder import Ladder, Recovered, Rung, ladder, recovery
@@ -315,7 +316,7 @@ def _underpowered_text(comps: Sequence[Comparison], result: StudyResult, level: 
             f"underpowered at {'/'.join(map(str, n))} seed pairs: needs ≈ "
             + ", ".join(f"{c.equivalence_seeds} ({c.format})" for c in weak)
             + f" seeds ({100 * TOST_POWER:g} % power at a true Δ of 0, one-sided level {level:.3g} under "
-            f"{ep.correction}, from the observed paired SD {min(sds):.3f}–{max(sds):.3f}); absence of evidence, not "
+            f"{ep.correction}, from the observed paired SD {span(sds, '{:.3f}')}); absence of evidence, not "
             "evidence of no difference")
 
 
@@ -642,7 +643,14 @@ def study_lines(result: StudyResult, experiment: str | None = None,
                      f"bootstrap P(top) = {rk.top_probability.get(rk.winner, float('nan')):.2f}.")
     else:
         text = "Which format benefits most: **not established**."
-        if rk.leader is not None:
+        if rk.leader is not None and by_format[rk.leader].test.mean >= 0:
+            # the lowest Δ is no benefit even as a point estimate: there is no leader to speak of
+            c = by_format[rk.leader]
+            p_top = rk.top_probability.get(rk.leader)
+            text += (f" No format's point estimate on {primary.name} lies below zero: the lowest is {rk.leader}'s "
+                     f"(Δ = {c.test.mean:+.4f}, {conf} CI {_ci(c.ci)}"
+                     + (f", bootstrap P(top) = {p_top:.2f}" if p_top is not None else "") + ").")
+        elif rk.leader is not None:
             c = by_format[rk.leader]
             if c.verdict != "benefit":
                 reason = f"its own Δ does not survive the correction (adjusted p = {c.p_adjusted:.3g})"

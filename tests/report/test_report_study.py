@@ -87,6 +87,20 @@ def test_close_leaders_are_not_ranked() -> None:
                and "its lead is within the paired CI" in line for line in lines)
 
 
+def test_no_leader_is_named_where_every_point_estimate_is_a_harm() -> None:
+    """Manifold worse than AdamW in every format: the lowest Δ is no lead in benefit, and the line says so."""
+    harm = {(f, "manifold[update]"): d for f, d in zip(FORMATS, (0.05, 0.08, 0.12, 0.20))}
+    result = run(study(harm, np.random.default_rng(4), noise=0.05))
+    primary = {c.format: c for c in result.of(result.endpoint.primary_contrast)}
+    assert result.ranking.winner is None and all(c.test.mean > 0 for c in primary.values())
+    (line,) = [x for x in study_lines(result) if x.startswith("Which format benefits most")]
+    low = primary[result.ranking.leader]
+    assert line.startswith("Which format benefits most: **not established**. No format's point estimate on "
+                           f"manifold[update] − adamw lies below zero: the lowest is {result.ranking.leader}'s "
+                           f"(Δ = {low.test.mean:+.4f}, ")
+    assert "leader" not in line and "survive" not in line
+
+
 @pytest.mark.slow
 def test_null_studies_claim_a_benefit_at_most_at_the_nominal_rate() -> None:
     rng = np.random.default_rng(20261125)
@@ -332,6 +346,12 @@ def test_an_underpowered_equivalence_test_says_how_many_seeds_it_needs() -> None
     assert (f"the equivalence test (TOST ±0.02) is underpowered at 5 seed pairs: needs ≈ {needs} seeds (80 % power "
             "at a true Δ of 0, one-sided level 0.00625 under holm") in line
     assert line.endswith("absence of evidence, not evidence of no difference.")
+    sds = sorted({f"{c.paired_sd:.3f}" for c in result.of(result.endpoint.contrasts[1])})
+    assert f"from the observed paired SD {sds[0]}–{sds[-1]})" in line
+    one = run(study({}, np.random.default_rng(14), noise=0.02, declaration={**DECLARATION, "formats": ["e4m3"]}))
+    (weak,) = one.of(one.endpoint.contrasts[1])
+    (single,) = [x for x in study_lines(one) if x.startswith("manifold[update] − relative:")]
+    assert weak.underpowered and f"from the observed paired SD {weak.paired_sd:.3f})" in single  # one SD: once
     tight = run(study({}, np.random.default_rng(3), noise=0.002, seeds=6))
     assert not any(c.underpowered for c in tight.comparisons)  # enough seeds: a tie is shown instead
     assert not any("underpowered" in x for x in study_lines(tight))
