@@ -19,8 +19,8 @@ RUN ?= $(lastword $(sort $(wildcard multirun/*/*)))
 EVIDENCE_DATA ?= $(CURDIR)/.cache/evidence-gpu
 EVIDENCE_BUDGET ?= 540
 GPU_JOBS ?= fp32,e4m3,e4m3 callbacks=none
-# dense bf16 FLOP/s of an H100 / H200 SXM, for the steady MFU (trainer=gpu's own default is an A100's)
-GPU_PEAK ?= 9.89e14
+# the steady MFU's peak: auto = the card's dense 16-bit FLOP/s by its name (altgrad/peak_flops.py), or a figure
+GPU_PEAK ?= auto
 PROFILE_DIR ?= outputs/profile-gpu-job/$(shell date +%Y%m%d-%H%M%S)
 # the jobs profile-gpu-job runs, in order (a fresh machine compiles for ≈ 8 min in all: split them over two calls)
 PROFILE_JOBS ?= bf16 e4m3_no_diagnostics e4m3

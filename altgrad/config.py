@@ -177,7 +177,7 @@ class TrainerSchema:
     compile_mode: str = MISSING  # COMPILE_MODES
     matmul_precision: str = MISSING
     keep_freed_memory: bool = MISSING
-    peak_flops: Optional[float] = MISSING
+    peak_flops: Any = MISSING  # null | auto | FLOP/s > 0 (altgrad.peak_flops)
     sample_tokens: int = MISSING
     progress_refresh: int = MISSING
     profiler: Optional[str] = MISSING  # null | simple | advanced | pytorch (PROFILERS)
@@ -196,8 +196,10 @@ class TrainerSchema:
         _check(self.sample_tokens >= 0, "trainer.sample_tokens", self.sample_tokens, "an integer >= 0")
         _check(self.gradient_clip_val is None or self.gradient_clip_val > 0, "trainer.gradient_clip_val",
                self.gradient_clip_val, "null or a float > 0")
-        _check(self.peak_flops is None or self.peak_flops > 0, "trainer.peak_flops", self.peak_flops,
-               "null or the hardware's peak FLOP/s > 0")
+        peak = self.peak_flops
+        _check(peak is None or peak == "auto" or (isinstance(peak, (int, float)) and not isinstance(peak, bool)
+                                                  and peak > 0),
+               "trainer.peak_flops", peak, "null, auto (the GPU's dense 16-bit peak) or the peak FLOP/s > 0")
         if not any(self.compile is c or self.compile == c for c in COMPILE_CHOICES):
             raise ConfigError(f"trainer.compile={self.compile!r} is not valid; valid: false, true, force")
         if self.compile is True and self.accelerator == "cpu":

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 import sys
 import time
@@ -22,6 +23,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from altgrad import peak_flops
 from altgrad.atomic import write_text
 from altgrad.config import ConfigError, RunConfig, resolve_checkpoint, validate
 from altgrad.errors import STORAGE_ERRNOS, StorageError
@@ -35,6 +37,7 @@ if TYPE_CHECKING:
     from altgrad.resume_check import ResumePlan
 
 SUMMARY = "summary.json"
+log = logging.getLogger(__name__)
 
 
 # --- building blocks -------------------------------------------------------------------------------------------
@@ -184,8 +187,22 @@ def build_module(run: RunConfig, vocab_size: int) -> AltGradModule:
     gpt = GPTConfig(**shape | {"vocab_size": run.model.vocab_size or vocab_size})
     schedule = WarmupCosine(run.schedule.warmup_steps, run.decay_steps, run.schedule.min_lr_ratio)
     optimizer = OmegaConf.to_container(run.composed.optimizer, resolve=True)
-    return AltGradModule(gpt, optimizer, schedule, compile=run.trainer.compile, peak_flops=run.trainer.peak_flops,
-                         compile_mode=run.trainer.compile_mode)
+    peak, source = peak_flops.resolve(run.trainer.peak_flops, run.trainer.precision, cuda_device_name(run))
+    if run.trainer.peak_flops is not None:
+        log.info("MFU peak: %s", source)
+    module = AltGradModule(gpt, optimizer, schedule, compile=run.trainer.compile, peak_flops=peak,
+                           compile_mode=run.trainer.compile_mode)
+    module.run_summary["peak_flops"] = {"flops": peak, "source": source}
+    return module
+
+
+def cuda_device_name(run: RunConfig) -> str | None:
+    """The name of the CUDA GPU this run trains on, or None on the CPU."""
+    import torch
+
+    if run.trainer.accelerator == "cpu" or not torch.cuda.is_available():
+        return None
+    return torch.cuda.get_device_name(torch.cuda.current_device())
 
 
 # --- summary -----------------------------------------------------------------------------------------------------

@@ -184,6 +184,9 @@ def test_experiment_sweeps_are_hydra_sweeper_params(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("override", "expected"), [
     ("trainer.max_steps=abc", "trainer.max_steps='abc' is invalid: expected an integer"),
     ("trainer.max_steps=0", "trainer.max_steps=0 is invalid: expected an integer >= 1"),
+    ("trainer.peak_flops=fast", "trainer.peak_flops='fast' is invalid: expected null, auto (the GPU's dense 16-bit "
+                                "peak) or the peak FLOP/s > 0"),
+    ("trainer.peak_flops=-1", "trainer.peak_flops=-1 is invalid"),
     ("trainer.precision=fp8", "trainer.precision='fp8' is not valid; valid: 32-true"),
     ("trainer.accelerator=tpu9", "trainer.accelerator='tpu9' is not valid; valid: cpu, gpu"),
     ("model.n_head=3", "model.n_embd=128 is invalid: expected a multiple of model.n_head=3"),
