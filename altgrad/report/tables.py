@@ -275,20 +275,24 @@ def _seed_span(seeds: Sequence[int]) -> list[str]:
 
 
 def ranking_table(result: StudyResult) -> str:
-    """Primary contrast per format: Δ, the seed-bootstrap probability of being top, the leader's paired lead."""
+    """Primary contrast per format: Δ, the seed-bootstrap probability of being top, the leader's paired lead (the
+    lowest Δ is the "leader" only below zero: a harm is no lead, so there it is the "lowest")."""
     rk = result.ranking
+    cells = result.of(result.endpoint.primary_contrast)
+    lowest = next((c.test.mean for c in cells if c.format == rk.leader), None)
+    label = "leader" if lowest is not None and lowest < 0 else "lowest"
     rows = []
-    for c in result.of(result.endpoint.primary_contrast):
+    for c in cells:
         versus = rk.versus.get(c.format)
         ci = versus.ci(rk.confidence) if versus is not None else None
-        lead = ("leader" if c.format == rk.leader else "—" if versus is None or versus.mean is None else
+        lead = (label if c.format == rk.leader else "—" if versus is None or versus.mean is None else
                 f"{num(versus.mean, signed=True)} [{num(ci[0], signed=True)}, {num(ci[1], signed=True)}]"
                 if ci is not None else num(versus.mean, signed=True))
         p_top = rk.top_probability.get(c.format)
         rows.append([c.format, num(c.test.mean, signed=True), "—" if p_top is None else f"{p_top:.2f}", lead,
                      c.verdict])
     return markdown_table(["format", f"Δ ({result.endpoint.primary_contrast.name})", "bootstrap P(top)",
-                           f"Δ(leader) − Δ(format), {100 * rk.confidence:g}% CI", "verdict"], rows)
+                           f"Δ({label}) − Δ(format), {100 * rk.confidence:g}% CI", "verdict"], rows)
 
 
 def mechanism_table(cells: Sequence[Cell], speeds: dict) -> str:

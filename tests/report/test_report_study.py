@@ -15,6 +15,7 @@ from altgrad.report.findings import direction, sensitivity_lines, study_lines, s
 from altgrad.report.load import Job, load_sweeps
 from altgrad.report.sensitivity import neighbours
 from altgrad.report.stats import tost_seeds_needed
+from altgrad.report.tables import ranking_table
 from altgrad.report.study import analyse, declared_endpoints, endpoint_problems, grid_classes
 
 FORMATS = ("e3m4", "e4m3", "e5m2", "e7m0")
@@ -99,6 +100,8 @@ def test_no_leader_is_named_where_every_point_estimate_is_a_harm() -> None:
                            f"manifold[update] − adamw lies below zero: the lowest is {result.ranking.leader}'s "
                            f"(Δ = {low.test.mean:+.4f}, ")
     assert "leader" not in line and "survive" not in line
+    table = ranking_table(result)  # the table's column and cell say "lowest" too
+    assert "leader" not in table and "Δ(lowest) − Δ(format)" in table and f"| {result.ranking.leader} |" in table
 
 
 @pytest.mark.slow
