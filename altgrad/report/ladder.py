@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from altgrad.report.caveats import role_format
 from altgrad.report.load import Job
 from altgrad.report.stats import CORRECTIONS, TTest, student_t_cdf, t_test
-from altgrad.report.study import StudyResult, build_arm
+from altgrad.report.study import StudyResult, build_arm, split_off_lr
 
 
 @dataclass(frozen=True)
@@ -87,12 +87,13 @@ def p_exceeds(test: TTest, margin: float) -> float | None:
 
 
 def cell_values(result: StudyResult, jobs: Sequence[Job], fmt: str, arm: str) -> tuple[dict[int, float], int, int]:
-    """Per-seed values of one (format, arm) cell (failures at their initial loss), its runs and failures."""
+    """Per-seed values of one (format, arm) cell (failures at their initial loss), its runs and failures. Runs of the
+    arm at an lr set by hand (a sensitivity stage's) stay out, as in the declared contrasts (`split_off_lr`)."""
     ep = result.endpoint
     fjobs = [j for j in jobs if j.format == fmt]
     initials = [v for v in (j.summary.get("initial_val_loss") for j in fjobs)
                 if isinstance(v, (int, float)) and math.isfinite(v)]
-    mine = [j for j in fjobs if j.arm == arm]
+    mine, _ = split_off_lr([j for j in fjobs if j.arm == arm])
     built = build_arm(fmt, arm, mine, ep, max(initials) if initials else None)
     return built.values, len(mine), built.n_failures
 

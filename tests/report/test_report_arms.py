@@ -318,6 +318,22 @@ def test_recovery_says_what_storage_costs_and_who_recovers() -> None:
     assert "e4m3: recovers — adamw_sr" in line and "gains — manifold_sr -0.2" in line
 
 
+def test_a_recovery_arm_rerun_at_a_hand_set_lr_stays_out_of_its_recovery_row() -> None:
+    """A sensitivity stage's runs of a recovery arm at another lr (study 2's `sens_ref`: adamw_sr at 0.00398) leave
+    its recovery row as it was; they once made the arm "ran 2 learning rates" and dropped the row."""
+    from dataclasses import replace
+
+    from altgrad.report.ladder import recovery
+
+    jobs = study(PLANTED)
+    before = {(r.format, r.arm): r for r in recovery(run(jobs))}
+    rerun = [replace(j, summary={**j.summary, "lr": 5e-4}, overrides=("optimizer.lr=5e-4",))
+             for j in jobs if j.arm == "adamw_sr"]
+    after = {(r.format, r.arm): r for r in recovery(run(jobs + rerun))}
+    assert set(after) == set(before) and all((f, "adamw_sr") in after for f in FORMATS)
+    assert all(after[k].test.mean == before[k].test.mean and after[k].verdict == before[k].verdict for k in before)
+
+
 def test_the_declaration_describes_what_an_arm_study_adds() -> None:
     ((ep, _),) = declared_endpoints(study(PLANTED, seeds=2))
     text = ep.describe()
