@@ -21,7 +21,6 @@ DENSE_16BIT: tuple[tuple[str, float], ...] = (
     ("l40s", 362e12),       # L40S: 733 with sparsity
     ("l4", 121e12),         # L4: 242 with sparsity
 )
-SIXTEEN_BIT = ("bf16-mixed", "bf16-true", "16-mixed", "16-true", "bf16", "16")
 
 
 def dense_16bit_peak(device_name: str) -> float | None:
@@ -39,7 +38,7 @@ def resolve(peak_flops: Any, precision: str, device_name: str | None) -> tuple[f
         return float(peak_flops), f"trainer.peak_flops={float(peak_flops):.4g}"
     if device_name is None:
         return None, "trainer.peak_flops=auto on no GPU: MFU not logged (set trainer.peak_flops to the CPU's peak)"
-    if str(precision) not in SIXTEEN_BIT:
+    if not str(precision).startswith(("bf16-", "16-")):  # trainer.precision's 16-bit choices
         return None, (f"trainer.peak_flops=auto knows 16-bit peaks only, not precision {precision}: MFU not logged "
                       "(set trainer.peak_flops)")
     flops = dense_16bit_peak(device_name)

@@ -643,7 +643,7 @@ def study_lines(result: StudyResult, experiment: str | None = None,
                      f"bootstrap P(top) = {rk.top_probability.get(rk.winner, float('nan')):.2f}.")
     else:
         text = "Which format benefits most: **not established**."
-        if rk.leader is not None and by_format[rk.leader].test.mean >= 0:
+        if rk.leader is not None and not rk.leads:
             # the lowest Δ is no benefit even as a point estimate: there is no leader to speak of
             c = by_format[rk.leader]
             p_top = rk.top_probability.get(rk.leader)

@@ -137,6 +137,7 @@ class Ranking:
     versus: dict[str, TTest]                     # leader's Δ − other's Δ, paired by seed
     top_probability: dict[str, float]            # seed bootstrap: P(format has the lowest mean Δ)
     confidence: float
+    leads: bool = False                          # the lowest Δ lies below zero: a lead, not only the lowest harm
 
 
 @dataclass(frozen=True)
@@ -530,4 +531,4 @@ def rank_formats(primary: Sequence[Comparison], alpha: float) -> Ranking:
     separated = all((ci := v.ci(confidence)) is not None and ci[1] < 0 for v in versus.values())
     winner = leader.format if leader.verdict == "benefit" and versus and separated else None
     top = bootstrap_top_rank({c.format: c.deltas for c in usable})
-    return Ranking(winner, leader.format, versus, top, confidence)
+    return Ranking(winner, leader.format, versus, top, confidence, leads=leader.test.mean < 0)

@@ -278,11 +278,9 @@ def ranking_table(result: StudyResult) -> str:
     """Primary contrast per format: Δ, the seed-bootstrap probability of being top, the leader's paired lead (the
     lowest Δ is the "leader" only below zero: a harm is no lead, so there it is the "lowest")."""
     rk = result.ranking
-    cells = result.of(result.endpoint.primary_contrast)
-    lowest = next((c.test.mean for c in cells if c.format == rk.leader), None)
-    label = "leader" if lowest is not None and lowest < 0 else "lowest"
+    label = "leader" if rk.leads else "lowest"
     rows = []
-    for c in cells:
+    for c in result.of(result.endpoint.primary_contrast):
         versus = rk.versus.get(c.format)
         ci = versus.ci(rk.confidence) if versus is not None else None
         lead = (label if c.format == rk.leader else "—" if versus is None or versus.mean is None else
