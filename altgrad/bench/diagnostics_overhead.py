@@ -1,6 +1,7 @@
 """Cost of the diagnostics: training-step time of the nano model with callbacks=default and =full vs. =none.
 
     python -m altgrad.bench callbacks [--format e4m3] [--steps 50] [--warmup 5] [--rounds 3] [--threads 1]
+                                      [--set KEY=VALUE ...] [--variants none,default,full]
 
 Each variant is built as a run would be (Hydra compose of conf/train.yaml with ``callbacks=<option>``, the same
 seed, FakeQuantCallback first, a CSV logger) and trained on random tokens in the same process. Variants alternate
@@ -48,7 +49,8 @@ HOOKS = ("on_train_batch_start", "on_before_optimizer_step", "on_train_batch_end
 
 
 class HookClock:
-    """Process CPU time spent inside the diagnostics callbacks' per-step hooks, over the timed steps only.
+    """Process CPU time spent inside the diagnostics callbacks' per-step hooks, over the timed steps only, in all
+    and per callback class.
 
     The direct cost of the instruments, measured where it is spent (the step-time ratio also carries noise
     from the rest of the machine).
@@ -56,43 +58,48 @@ class HookClock:
 
     def __init__(self, timer: StepTimer, warmup: int) -> None:
         self.timer, self.warmup, self.seconds = timer, warmup, 0.0
+        self.by_callback: dict[str, float] = {}
 
     def wrap(self, callback: Any) -> None:
         for name in HOOKS:
             method = getattr(callback, name, None)
             if method is not None and getattr(type(callback), name, None) is not getattr(L.Callback, name, None):
-                setattr(callback, name, self._timed(method))
+                setattr(callback, name, self._timed(method, type(callback).__name__))
 
-    def _timed(self, method: Any) -> Any:
+    def _timed(self, method: Any, owner: str) -> Any:
         def timed(*args: Any, **kwargs: Any) -> Any:
             start = time.process_time()
             try:
                 return method(*args, **kwargs)
             finally:
                 if len(self.timer.stamps) > self.warmup:
-                    self.seconds += time.process_time() - start
+                    spent = time.process_time() - start
+                    self.seconds += spent
+                    self.by_callback[owner] = self.by_callback.get(owner, 0.0) + spent
 
         return timed
 
 
-def compose(option: str, fmt: str, steps: int, run_dir: Path) -> Any:
-    """The run config for ``callbacks=<option>`` (interpolations such as ${trainer.log_every_n_steps} resolved)."""
+def compose(option: str, fmt: str, steps: int, run_dir: Path, extra: tuple[str, ...] = ()) -> Any:
+    """The run config for ``callbacks=<option>`` (interpolations such as ${trainer.log_every_n_steps} resolved),
+    with ``extra`` overrides (e.g. the small recipe's ``model.block_size=64 data.batch_size=12``)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
     overrides = [f"callbacks={option}", f"format={fmt}", f"trainer.max_steps={steps}", "logger=csv",
-                 f"paths.output_dir={run_dir}"]
+                 f"paths.output_dir={run_dir}", *extra]
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         return hydra_compose("train", overrides=overrides)
 
 
-def build(option: str, fmt: str, steps: int, run_dir: Path) -> tuple[Any, list[Any], Any]:
+def build(option: str, fmt: str, steps: int, run_dir: Path, extra: tuple[str, ...] = ()
+          ) -> tuple[Any, list[Any], Any]:
     """(module, callbacks, batch size) of one variant, as train() would build them."""
     from altgrad.callbacks.fake_quant import FakeQuantCallback
     from altgrad.config import validate
     from altgrad.train import _instantiate_mapping, build_fake_quant, build_module
 
-    run = validate(compose(option, fmt, steps, run_dir))
+    run = validate(compose(option, fmt, steps, run_dir, extra))
     if run.trainer.keep_freed_memory:  # the process's malloc as train() sets it
         keep_freed_memory()
     torch.manual_seed(run.seed)
@@ -103,15 +110,15 @@ def build(option: str, fmt: str, steps: int, run_dir: Path) -> tuple[Any, list[A
     return module, callbacks, run.data.batch_size
 
 
-def time_variant(option: str, fmt: str, steps: int, warmup: int, work: Path
-                 ) -> tuple[list[tuple[float, float]], float]:
-    """Per-step (wall, CPU) seconds after warm-up of one fresh run with ``callbacks=<option>``, and the CPU
-    seconds spent inside the diagnostics hooks over those steps."""
+def time_variant(option: str, fmt: str, steps: int, warmup: int, work: Path, extra: tuple[str, ...] = ()
+                 ) -> tuple[list[tuple[float, float]], HookClock]:
+    """Per-step (wall, CPU) seconds after warm-up of one fresh run with ``callbacks=<option>``, and the clock of
+    the CPU seconds spent inside the diagnostics hooks over those steps."""
     from lightning.pytorch.loggers import CSVLogger
     from torch.utils.data import DataLoader, TensorDataset
 
     run_dir = Path(tempfile.mkdtemp(prefix=f"{option}-", dir=work))
-    module, callbacks, batch = build(option, fmt, warmup + steps, run_dir)
+    module, callbacks, batch = build(option, fmt, warmup + steps, run_dir, extra)
     block, vocab = module.model.config.block_size, module.model.config.vocab_size
     g = torch.Generator().manual_seed(0)
     data = torch.randint(0, vocab, ((warmup + steps + 1) * batch, block + 1), generator=g)
@@ -127,7 +134,7 @@ def time_variant(option: str, fmt: str, steps: int, warmup: int, work: Path
                         default_root_dir=str(run_dir))
     trainer.fit(module, train_dataloaders=loader)
     stamps = timer.stamps
-    return [(b[0] - a[0], b[1] - a[1]) for a, b in zip(stamps[warmup:-1], stamps[warmup + 1:])], clock.seconds
+    return [(b[0] - a[0], b[1] - a[1]) for a, b in zip(stamps[warmup:-1], stamps[warmup + 1:])], clock
 
 
 def main(argv: list[str]) -> None:
@@ -139,7 +146,17 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--warmup", type=int, default=11)
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds of every variant")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (0: torch's default)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a config override for every variant (repeatable), e.g. model.block_size=64")
+    parser.add_argument("--variants", default="none,default,full",
+                        help="comma-separated callbacks options, the first the reference (default: none,default,full)")
     args = parser.parse_args(argv)
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    if not variants:
+        raise SystemExit("error: --variants names no callbacks option; valid: e.g. none,default,full")
+    bad = [o for o in args.set if "=" not in o or o.startswith("=")]
+    if bad:
+        raise SystemExit(f"error: --set {bad[0]!r} is not KEY=VALUE; valid: e.g. --set model.block_size=64")
     if args.steps < 1 or args.warmup < 0 or args.rounds < 1:
         raise SystemExit("error: --steps and --rounds must be >= 1 and --warmup >= 0")
     if args.threads < 0:
@@ -154,28 +171,35 @@ def main(argv: list[str]) -> None:
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore")  # Lightning's advice about workers, loggers, ... (noise in a benchmark)
     warnings.filterwarnings("default", message="altgrad")  # but a kernel falling back to eager must show
-    variants = ["none", "default", "full"]
     times: dict[str, list[tuple[float, float]]] = {v: [] for v in variants}
     hooks = {v: 0.0 for v in variants}
+    by_callback: dict[str, dict[str, float]] = {v: {} for v in variants}
     with tempfile.TemporaryDirectory(prefix="altgrad-bench-callbacks-") as tmp:
         for r in range(args.rounds):
             for option in variants:
-                steps, in_hooks = time_variant(option, args.format, args.steps, args.warmup, Path(tmp))
+                steps, clock = time_variant(option, args.format, args.steps, args.warmup, Path(tmp),
+                                            tuple(args.set))
                 times[option].extend(steps)
-                hooks[option] += in_hooks
+                hooks[option] += clock.seconds
+                for name, seconds in clock.by_callback.items():
+                    by_callback[option][name] = by_callback[option].get(name, 0.0) + seconds
             print_table(times, hooks, args, rounds_done=r + 1)
+            print_callbacks(times, by_callback)
 
 
 def print_table(times: dict[str, list[tuple[float, float]]], hooks: dict[str, float], args: argparse.Namespace,
                 rounds_done: int) -> None:
     """The ratio table over the rounds measured so far (printed after every round: long runs show progress)."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    reference = next(iter(times))
+    extra = f", overrides: {' '.join(args.set)}" if args.set else ""
     print(f"\nDiagnostics overhead: nano model, format={args.format}, {rounds_done}/{args.rounds} rounds x "
-          f"{args.steps} steps (+{args.warmup} warm-up), device={device}, torch threads={torch.get_num_threads()}")
+          f"{args.steps} steps (+{args.warmup} warm-up), device={device}, torch threads={torch.get_num_threads()}"
+          f"{extra}")
     print(f"{'callbacks':<10} {'wall ms/step':>13} {'wall ratio':>11} {'CPU ms/step':>12} {'CPU ratio':>10} "
-          f"{'in hooks ms/step':>17} {'1 + hooks/none':>15} {'target':>8}")
-    wall0 = statistics.fmean(w for w, _ in times["none"])
-    cpu0 = statistics.fmean(c for _, c in times["none"])
+          f"{'in hooks ms/step':>17} {'1 + hooks/' + reference:>15} {'target':>8}")
+    wall0 = statistics.fmean(w for w, _ in times[reference])
+    cpu0 = statistics.fmean(c for _, c in times[reference])
     for option, samples in times.items():
         wall = statistics.fmean(w for w, _ in samples)
         cpu = statistics.fmean(c for _, c in samples)
@@ -184,3 +208,12 @@ def print_table(times: dict[str, list[tuple[float, float]]], hooks: dict[str, fl
         verdict = "" if target is None else f"<= {target:.2f}"
         print(f"{option:<10} {1000 * wall:>13.1f} {wall / wall0:>11.3f} {1000 * cpu:>12.1f} {cpu / cpu0:>10.3f} "
               f"{1000 * in_hooks:>17.2f} {1 + in_hooks / cpu0:>15.3f} {verdict:>8}", flush=True)
+
+
+def print_callbacks(times: dict[str, list[tuple[float, float]]], by_callback: dict[str, dict[str, float]]) -> None:
+    """CPU ms per timed step inside each callback's hooks, per variant (where it is spent)."""
+    for option, spent in by_callback.items():
+        if spent and times[option]:
+            parts = sorted(spent.items(), key=lambda kv: -kv[1])
+            print(f"  {option}: " + ", ".join(f"{name} {1000 * s / len(times[option]):.2f}" for name, s in parts)
+                  + " (CPU ms/step in hooks)")

@@ -57,7 +57,7 @@ class ActivationCallback(ProbeInstrument):
                     values[metric_name(self.group, name, "input", "kurtosis")] = kurtosis(x)
                     if isinstance(module, QuantLinear) and module.input_q is not None:
                         values[metric_name(self.group, name, "input", "range_use")] = range_use(
-                            x, module.input_q.spec.format)
+                            x, module.input_q.spec.format, module.input_q.call_kernel)
                 return hook
 
             def fc_hook(name: str):

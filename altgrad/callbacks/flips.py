@@ -94,11 +94,42 @@ class _Group:
     stepped: torch.Tensor | None = None  # the tracked weights read right after the optimizer step ...
     stepped_key: tuple | None = None     # ... and their weights' (version counter, storage) then
     spec_key: Any = field(default=None)
+    pow2: bool = False  # every member's scales are powers of two (the unscaling is then one exact multiply)
     ones: list[torch.Tensor | None] | None = None  # each member's one-scale buffer, as of quantizer change count ...
     ones_count: int = -1                            # ... this (in-place updates keep the buffers; changes.COUNT)
 
-    def gather(self) -> torch.Tensor:
-        return torch.cat([m.select(m.layer.weight.detach()) for m in self.members])
+    plan: native.GatherPlan | None = None  # the native gather's pointer tables for the storages in plan_ptrs
+    plan_ptrs: tuple | None = None
+
+    def gather(self, key: tuple | None = None) -> torch.Tensor:
+        """The tracked weights end to end (``key``: this moment's ``weights_key``, where the caller has it)."""
+        return self.gather_less(None, key)[0]
+
+    def gather_less(self, before: torch.Tensor | None, key: tuple | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(the tracked weights end to end, and their difference from ``before``, or None without one): one native
+        call where the kernel serves these weights (the same values as ``index_select`` and ``cat``, then ``-``)."""
+        k = self._native_plan(key)
+        if k is not None:
+            return self.plan(k, before)
+        after = torch.cat([m.select(m.layer.weight.detach()) for m in self.members])
+        return after, None if before is None else after - before
+
+    def _native_plan(self, key: tuple | None) -> Any:
+        """The native kernel with this group's gather plan ready, or None where the torch ops serve (a GPU, another
+        dtype, a non-contiguous weight, ``quant.kernel=eager``, no kernel built)."""
+        if self.members[0].layer.weight_q.call_kernel not in ("auto", "native"):
+            return None
+        k = native.kernel()
+        if k is None:
+            return None
+        ptrs = tuple(p for _, p in (key if key is not None else self.weights_key()))
+        if ptrs != self.plan_ptrs:
+            weights = [m.layer.weight.detach() for m in self.members]
+            ok = all(native.takes(w) and w.is_contiguous() for w in weights)
+            self.plan = native.GatherPlan(weights, [m.index for m in self.members]) if ok else None
+            self.plan_ptrs = ptrs
+        return k if self.plan is not None else None
 
     def weights_key(self) -> tuple:
         """What changes when a weight is written in place (its version counter) or replaced (its storage)."""
@@ -172,6 +203,7 @@ class FlipCallback(Instrument):
             n = len(members)
             self.groups.append(_Group(
                 members=members, spec_key=key,
+                pow2=all(m.layer.weight_q.spec.scaling.powers_of_two for m in members),
                 segments=torch.repeat_interleave(torch.arange(n, device=device), sizes),
                 starts=torch.cat([sizes.new_zeros(1), sizes.cumsum(0)]).cpu(),
                 sizes=sizes.float(),
@@ -258,8 +290,8 @@ class FlipCallback(Instrument):
             return
         for g in self.groups:
             if g.before is not None and g.intended is None:
-                g.stepped, g.stepped_key = g.gather(), g.weights_key()
-                g.intended = g.stepped - g.before
+                g.stepped_key = g.weights_key()
+                g.stepped, g.intended = g.gather_less(g.before, g.stepped_key)
 
     @torch.no_grad()
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
@@ -272,17 +304,19 @@ class FlipCallback(Instrument):
                 continue
             # the weights as read after the optimizer step, unless something wrote them since (the storage policy);
             # a write through ``.data`` keeps the version counter and goes unseen: nothing here writes that way
-            unchanged = g.stepped is not None and g.stepped_key == g.weights_key()
-            after = g.stepped if unchanged else g.gather()
+            key = g.weights_key()
+            unchanged = g.stepped is not None and g.stepped_key == key
+            after = g.stepped if unchanged else g.gather(key)
             g.stepped = g.stepped_key = None
             intended = g.intended if g.intended is not None else after - g.before  # no post-hook ran
             fmt, overflow, _ = g.spec_key
             kernel = g.members[0].layer.weight_q.call_kernel  # the road quant.kernel resolved for these weights
-            q_before = quantize_scaled(g.before, fmt, g.scale, "nearest", overflow, kernel=kernel)
-            q_after = quantize_scaled(after, fmt, g.scale, "nearest", overflow, kernel=kernel)
+            q_before = quantize_scaled(g.before, fmt, g.scale, "nearest", overflow, kernel=kernel, scale_pow2=g.pow2)
+            q_after = quantize_scaled(after, fmt, g.scale, "nearest", overflow, kernel=kernel, scale_pow2=g.pow2)
             k = native.kernel() if kernel in ("auto", "native") else None
             if k is not None and all(native.takes(t) for t in (q_before, q_after, intended)):
-                # the native kernel: the eager function's sums (same order, float32), no per-process compile
+                # the native kernel: the eager function's sums (same order, float32), no per-process compile; the
+                # cosine stays torch's (its float32 sqrt is not the correctly rounded one a C++ sqrtf gives)
                 sums, g.last_direction = native.flip_sums(k, q_before, q_after, intended, g.last_direction, g.starts)
                 counts = counts_from_sums(sums)
             else:

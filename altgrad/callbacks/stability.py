@@ -48,7 +48,7 @@ class StabilityCallback(Instrument):
         if self.range_use:
             for layer, ql in quantized_weights(model):
                 names.append(metric_name(self.group, layer, "weight", "range_use"))
-                rows.append(range_use(ql.weight, ql.weight_q.spec.format).reshape(1))
+                rows.append(range_use(ql.weight, ql.weight_q.spec.format, ql.weight_q.call_kernel).reshape(1))
         if not names:
             return
         metrics = dict(zip(names, rows_to_floats(rows), strict=True))

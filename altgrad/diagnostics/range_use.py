@@ -12,15 +12,32 @@ def format_octaves(fmt) -> float:
     return math.log2(fmt.max / fmt.min_subnormal)
 
 
-def range_use(x: torch.Tensor, fmt) -> torch.Tensor:
+def range_use(x: torch.Tensor, fmt, kernel: str = "auto") -> torch.Tensor:
     """log2(amax / smallest nonzero |x|) / log2(fmt.max / fmt.min_subnormal) (0-d float32).
 
     Scale-free (a per-tensor scale shifts both ends alike); 0 when x has at most one distinct nonzero magnitude;
     above 1 when the tensor spans more octaves than the format can hold. Non-finite elements are ignored.
+    ``kernel`` (``quant.kernel``): ``auto`` and ``native`` read both ends in one native pass over a float32 CPU
+    tensor (the same values), ``compiled`` and ``eager`` with torch's ops.
     """
-    # few kernels: it runs per weight tensor on every logging step (a launch each on a GPU)
-    a = torch.nan_to_num(x.detach().float().abs().reshape(-1), nan=0.0, posinf=0.0)  # non-finite → 0: ignored
-    amax = a.max()
-    amin = a.masked_fill(a == 0, float("inf")).min()
+    ends = _native_ends(x) if kernel in ("auto", "native") else None
+    if ends is not None:
+        amax, amin = ends[0], ends[1]
+    else:
+        # few kernels: it runs per weight tensor on every logging step (a launch each on a GPU)
+        a = torch.nan_to_num(x.detach().float().abs().reshape(-1), nan=0.0, posinf=0.0)  # non-finite → 0: ignored
+        amax = a.max()
+        amin = a.masked_fill(a == 0, float("inf")).min()
     octaves = torch.where(amax > 0, torch.log2(amax / amin), 0.0)
     return octaves / format_octaves(fmt)
+
+
+def _native_ends(x: torch.Tensor) -> torch.Tensor | None:
+    """[amax, smallest nonzero] from the native kernel, or None where it does not serve (not float32 on the CPU, an
+    empty tensor, no kernel built)."""
+    from altgrad.quant import native
+
+    if x.numel() == 0 or not native.takes(x):
+        return None
+    k = native.kernel()
+    return None if k is None else native.magnitude_range(k, x)

@@ -102,8 +102,10 @@ def _build(compiler_path: str, target: Path) -> None:
 
 
 class NativeKernel:
-    """The loaded library: ``call`` runs one quantizer call, ``flip_sums`` the flips diagnostic's per-segment sums,
-    ``stiff_adam_step`` one tensor's ManifoldAdamW / RelativeAdamW step, all on raw pointers (see native_kernel.cpp)."""
+    """The loaded library: ``call`` runs one quantizer call, ``flip_sums`` the flips diagnostic's per-segment
+    sums, ``gather`` its tracked weights, ``magnitude_range`` a tensor's finite |x| ends (range use),
+    ``stiff_adam_step`` one tensor's ManifoldAdamW / RelativeAdamW step, all on raw pointers (see
+    native_kernel.cpp)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -119,6 +121,14 @@ class NativeKernel:
         sums.argtypes = [p, p, p, p, p, p, i64, p]
         sums.restype = None
         self.flip_sums = sums
+        gather = lib.altgrad_gather
+        gather.argtypes = [i64, p, p, p, p, p, p]
+        gather.restype = None
+        self.gather = gather
+        ends = lib.altgrad_magnitude_range
+        ends.argtypes = [p, i64, p]
+        ends.restype = None
+        self.magnitude_range = ends
         step = lib.altgrad_stiff_adam_step
         step.argtypes = [p, p, p, p, i64, ctypes.c_int, ctypes.c_int, p, ctypes.c_double, ctypes.c_double, i32, i32,
                          ctypes.c_int, ctypes.c_int, p, p, p, i64, ctypes.c_int, ctypes.c_int]
@@ -394,6 +404,40 @@ def flip_sums(k: NativeKernel, q_before: torch.Tensor, q_after: torch.Tensor, in
     k.flip_sums(qb.data_ptr(), qa.data_ptr(), a.data_ptr(), last.data_ptr(), new.data_ptr(), starts.data_ptr(), n_seg,
                 sums.data_ptr())
     return sums, new
+
+
+def magnitude_range(k: NativeKernel, x: torch.Tensor) -> torch.Tensor:
+    """float32 [largest finite |x| (0: none), smallest nonzero finite |x| (+inf: none)] of a float32 CPU tensor in
+    one pass (the values of torch's max and masked min: both are exact in any order)."""
+    x = x.detach().contiguous()
+    out = torch.empty(2, dtype=torch.float32)
+    k.magnitude_range(x.data_ptr(), x.numel(), out.data_ptr())
+    return out
+
+
+class GatherPlan:
+    """The pointer tables of ``gather`` for a fixed list of contiguous float32 CPU tensors (each with a sorted int64
+    index of the elements it contributes, or None for all of them): built once per set of storages, then one C call
+    per gather instead of an ``index_select`` per tensor and a ``cat``."""
+
+    def __init__(self, tensors: list[torch.Tensor], indices: list[torch.Tensor | None]) -> None:
+        n = len(tensors)
+        self.indices = [None if i is None else i.contiguous() for i in indices]  # kept alive: the table points in
+        self.counts = torch.tensor([t.numel() if i is None else i.numel() for t, i in zip(tensors, self.indices)],
+                                   dtype=torch.int64)
+        self.total = int(self.counts.sum())
+        self.src = (ctypes.c_void_p * n)(*[t.data_ptr() for t in tensors])
+        self.index = (ctypes.c_void_p * n)(*[None if i is None else i.data_ptr() for i in self.indices])
+        self.n = n
+
+    def __call__(self, k: NativeKernel, before: torch.Tensor | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(the tracked weights end to end, and their float32 difference from ``before``, or None without one)."""
+        out = torch.empty(self.total, dtype=torch.float32)
+        diff = None if before is None else torch.empty(self.total, dtype=torch.float32)
+        k.gather(self.n, ctypes.addressof(self.src), ctypes.addressof(self.index), self.counts.data_ptr(),
+                 out.data_ptr(), _ptr(before), _ptr(diff))
+        return out, diff
 
 
 STIFFNESS_CODES = {"pow2": 0, "smooth": 1, "abs": 2}

@@ -639,6 +639,66 @@ void altgrad_flip_sums(const float* q_before, const float* q_after, const float*
   }
 }
 
+// The two ends of a tensor's finite magnitudes, as diagnostics/range_use.py reads them: out[0] the largest finite
+// |x| (0 where there is none), out[1] the smallest nonzero finite |x| (+inf where there is none); NaN and ±inf are
+// ignored. Min and max are exact in any order, so the lanes give the torch reductions' values.
+void altgrad_magnitude_range(const float* x, int64_t n, float* out) {
+  const float inf = std::numeric_limits<float>::infinity();
+  float hi = 0.0f, lo = inf;
+  int64_t i = 0;
+#ifdef KERNEL_AVX2
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(kAbs));
+  const __m256 vinf = _mm256_set1_ps(inf), zero = _mm256_setzero_ps();
+  __m256 vhi = zero, vlo = vinf;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 a = _mm256_and_ps(_mm256_loadu_ps(x + i), abs_mask);
+    const __m256 finite = _mm256_cmp_ps(a, vinf, _CMP_LT_OQ);           // false for NaN and inf
+    const __m256 nonzero = _mm256_cmp_ps(a, zero, _CMP_GT_OQ);
+    vhi = _mm256_max_ps(vhi, _mm256_and_ps(a, finite));                 // non-finite → 0
+    vlo = _mm256_min_ps(vlo, _mm256_blendv_ps(vinf, a, _mm256_and_ps(finite, nonzero)));  // zero, non-finite → inf
+  }
+  alignas(32) float h[8], l[8];
+  _mm256_store_ps(h, vhi);
+  _mm256_store_ps(l, vlo);
+  for (int j = 0; j < 8; ++j) {
+    hi = h[j] > hi ? h[j] : hi;
+    lo = l[j] < lo ? l[j] : lo;
+  }
+#endif
+  for (; i < n; ++i) {
+    const float a = std::fabs(x[i]);
+    if (a < inf) {  // finite (NaN compares false)
+      hi = a > hi ? a : hi;
+      if (a > 0.0f && a < lo) lo = a;
+    }
+  }
+  out[0] = hi;
+  out[1] = lo;
+}
+
+// The tracked weights of n_members tensors, end to end, into out: member k gives src[k][index[k][j]] for
+// j < count[k] (index[k] null: src[k][0 .. count[k]) in order). With before non-null, also diff[i] = out[i] − before[i]
+// in float32 (the flips diagnostic's intended update: the stored weights after the optimizer step less before it).
+void altgrad_gather(int64_t n_members, const float* const* src, const int64_t* const* index, const int64_t* count,
+                    float* out, const float* before, float* diff) {
+  int64_t at = 0;
+  for (int64_t k = 0; k < n_members; ++k) {
+    const float* x = src[k];
+    const int64_t* idx = index[k];
+    const int64_t n = count[k];
+    float* o = out + at;
+    if (idx == nullptr) {
+      for (int64_t j = 0; j < n; ++j) o[j] = x[j];
+    } else {
+      for (int64_t j = 0; j < n; ++j) o[j] = x[idx[j]];
+    }
+    at += n;
+  }
+  if (before != nullptr) {
+    for (int64_t i = 0; i < at; ++i) diff[i] = out[i] - before[i];
+  }
+}
+
 // One tensor's Adam step with stiffness S, in place on n contiguous float32 values w, g, m (first moment), v (second):
 // ManifoldAdamW's ``manifold_step_`` (stiffness 0: pow2, S = ulp_F(w·s)/s; 1: smooth, S = max(|w|·2^−M, ulp_F(0)/s))
 // and RelativeAdamW's ``relative_step_`` (2: S = |w|; no scale), bit for bit with their compiled kernels.

@@ -172,14 +172,35 @@ def test_range_use_matches_its_definition(seed):
     x[picks[:3]], x[picks[3:6]], x[picks[6:9]], x[picks[9:]] = 0.0, float("inf"), float("-inf"), float("nan")
     fmt = get_format(("e4m3", "e5m2", "e3m4", "e7m0")[seed % 4])
     octaves_of_format = math.log2(fmt.max / fmt.min_subnormal)
-    for t in (x, x.bfloat16(), x[picks[:3]], torch.full((3,), float("nan"))):
-        got = range_use(t, fmt)
+    for t in (x, x.bfloat16(), x[picks[:3]], torch.full((3,), float("nan")), x[:256], x[1:]):
+        got = range_use(t, fmt)  # float32 on the CPU: the native pass where the kernel is built
         assert got.dtype == torch.float32 and got.shape == ()
         assert got.item() == _range_use_by_masks(t, octaves_of_format).item()
+        assert got.item() == range_use(t, fmt, kernel="eager").item()  # torch's ops
         a = [abs(v) for v in t.float().tolist() if math.isfinite(v)]
         nonzero = [v for v in a if v > 0]
         want = (math.log2(max(a) / min(nonzero)) if nonzero else 0.0) / octaves_of_format
         assert got.item() == pytest.approx(want, rel=1e-6, abs=1e-7)
+
+
+def test_the_native_range_ends_are_torchs_max_and_masked_min():
+    """The one-pass ends (eight lanes and the tail) against torch's reductions: subnormals, −0, ±inf and NaN in
+    every lane position, and the empty cases (no nonzero: +inf; nothing finite: 0)."""
+    from altgrad.quant import native
+
+    k = native.kernel()
+    if k is None:
+        pytest.skip("the native kernel is not built here")
+    g = torch.Generator().manual_seed(5)
+    for n in (1, 7, 8, 9, 64, 1003):
+        x = torch.randn(n, generator=g) * torch.exp2(torch.randint(-140, 120, (n,), generator=g).float())
+        for value in (-0.0, float("inf"), float("-inf"), float("nan"), 2.0**-149):
+            x[torch.randint(0, n, (max(1, n // 7),), generator=g)] = value
+        a = torch.nan_to_num(x.abs(), nan=0.0, posinf=0.0)
+        want = torch.stack([a.max(), a.masked_fill(a == 0, float("inf")).min()])
+        assert torch.equal(native.magnitude_range(k, x), want), n
+    assert native.magnitude_range(k, torch.tensor([0.0, -0.0, float("nan")])).tolist() == [0.0, float("inf")]
+    assert native.magnitude_range(k, torch.full((11,), float("-inf"))).tolist() == [0.0, float("inf")]
 
 
 def test_range_clip_clips_exactly_the_values_outside():

@@ -193,6 +193,27 @@ def test_flip_sums_equal_the_eager_segment_sums() -> None:
     assert torch.equal(new_last, ref_last)
 
 
+@needs_native
+def test_the_native_gather_is_index_select_and_cat_then_the_difference() -> None:
+    """GatherPlan: each tensor's indexed elements (or all of them) end to end, and out − before, exact."""
+    gen = torch.Generator().manual_seed(2)
+    tensors = [torch.randn(64, 48, generator=gen), torch.randn(7, generator=gen), torch.randn(300, generator=gen)]
+    indices = [torch.randperm(64 * 48, generator=gen)[:500].sort().values, None,
+               torch.randperm(300, generator=gen)[:299].sort().values]
+    plan = native.GatherPlan(tensors, indices)
+    ref = torch.cat([t.reshape(-1) if i is None else torch.index_select(t.reshape(-1), 0, i)
+                     for t, i in zip(tensors, indices)])
+    out, none = plan(native.kernel())
+    assert none is None and torch.equal(out, ref)
+    before = torch.randn(ref.numel(), generator=gen)
+    tensors[0].mul_(3.0)  # written in place: the plan reads the storage as it is now
+    ref = torch.cat([t.reshape(-1) if i is None else torch.index_select(t.reshape(-1), 0, i)
+                     for t, i in zip(tensors, indices)])
+    out, diff = plan(native.kernel(), before)
+    assert torch.equal(out, ref)
+    assert_same_bits(diff, (ref - before).numpy(), what="gathered − before")
+
+
 # --- the enum table both sides are built from, and the quant.kernel choice -------------------------------------
 def test_the_enum_table_is_the_one_both_sides_use() -> None:
     """kernel_abi is the only statement of the enums: the torch kernels take them from it, and the C++ source
