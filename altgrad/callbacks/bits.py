@@ -22,7 +22,8 @@ import torch
 from altgrad.atomic import write_with
 from altgrad.callbacks.base import Instrument, backbone, mean, metric_name, quantized_weights, to_floats
 from altgrad.diagnostics import code_index, entropy_bits, log2_stiffness, pearson
-from altgrad.quant import quantize
+from altgrad.diagnostics.flip_counts import top_rank
+from altgrad.quant import native, quantize
 
 TRAJECTORY_COLUMNS = ["step", "layer", "sample", "element", "code_index", "value"]
 PASS_ELEMENTS = 2**24
@@ -46,10 +47,21 @@ class BitsCallback(Instrument):
         self.csv_path = csv_path
         self._samples: dict[str, torch.Tensor] = {}
         self._sizes: dict[Any, int] = {}
+        self._offset_cache: dict[tuple, torch.Tensor] = {}
         self.trajectories: list[list[Any]] = []
         self._bits: list[float] = []
         self._final_bits: list[float] = []
         self._pending: tuple[dict[str, torch.Tensor], dict[str, Any], list[Any]] | None = None
+
+    def _offsets(self, sizes: list[int], size: int, device: torch.device) -> torch.Tensor:
+        """Each weight's first histogram bin when tensors of ``sizes`` lie end to end, tensor k's codes in bins
+        [k·size, (k+1)·size) (int32; built once per layout: the sizes repeat every bits step)."""
+        key = (tuple(sizes), size, device)
+        if key not in self._offset_cache:
+            self._offset_cache[key] = torch.repeat_interleave(
+                torch.arange(0, len(sizes) * size, size, dtype=torch.int32, device=device),
+                torch.tensor(sizes, device=device), output_size=sum(sizes))
+        return self._offset_cache[key]
 
     def _grid_size(self, fmt: Any) -> int:
         """Number of finite values of the format (cached: values() enumerates every code)."""
@@ -88,15 +100,15 @@ class BitsCallback(Instrument):
             w_all = torch.cat([w.reshape(-1) for w in ws])
             s_all = torch.cat([torch.broadcast_to(s, w.shape).reshape(-1) for s, w in zip(scales, ws)])
             q_all = quantize(w_all.float() * s_all, fmt, overflow=overflow)  # on the grid, unscaled
-            idx_all = code_index(q_all, fmt)
-            log2s_all = log2_stiffness(w_all, fmt, s_all)
+            pow2 = all(layers[i][1].weight_q.spec.scaling.powers_of_two for i in members)
+            idx_all, log2s_all = _index_and_stiffness(w_all, s_all, q_all, fmt, pow2,
+                                                      layers[members[0]][1].weight_q.call_kernel)
             size = self._grid_size(fmt)
             sizes = [w.numel() for w in ws]
             # one histogram for the whole group: tensor k's codes counted in bins [k·size, (k+1)·size); an index
             # off the grid (a non-finite weight) goes to one spare bin past the end, dropped as before
             bins = len(ws) * size
-            offset = torch.repeat_interleave(torch.arange(0, bins, size, dtype=torch.int32, device=w_all.device),
-                                             torch.tensor(sizes, device=w_all.device), output_size=w_all.numel())
+            offset = self._offsets(sizes, size, w_all.device)
             on_grid = (idx_all >= 0) & (idx_all < size)
             slot = torch.where(on_grid, idx_all + offset, bins)
             counts_all = torch.bincount(slot, minlength=bins + 1)[:bins].view(len(ws), size)
@@ -186,6 +198,17 @@ def np_histograms(hists: dict[str, Any]) -> dict[str, tuple[list[float], list[fl
             out[name] = (host[start:start + c.numel()], [i - 0.5 for i in range(n + 1)])
             start += c.numel()
     return {k: out[k] for k in hists}
+
+
+def _index_and_stiffness(w: torch.Tensor, s: torch.Tensor, q: torch.Tensor, fmt: Any, pow2: bool, kernel: str
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(code_index(q), log2_stiffness(w, s)): one native pass where every scale is a power of two and the kernel
+    serves these float32 CPU weights (``quant.kernel`` auto or native), else torch's ops; the same values."""
+    if pow2 and kernel in ("auto", "native") and all(native.takes(t) for t in (w, s, q)):
+        k = native.kernel()
+        if k is not None:
+            return native.bits_pass(k, w, s, q, fmt, top_rank(fmt))
+    return code_index(q, fmt), log2_stiffness(w, fmt, s)
 
 
 def _parts(members: list[int], sizes: list[int], limit: int) -> list[list[int]]:

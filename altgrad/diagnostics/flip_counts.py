@@ -41,11 +41,11 @@ def code_index(q: torch.Tensor, fmt) -> torch.Tensor:
     subnormal_rank = torch.round(a / fmt.min_subnormal).to(torch.int32)
     min_normal = 2.0**fmt.emin if fmt.ebits > 0 else float("inf")
     rank = torch.where(a >= min_normal, normal_rank, subnormal_rank)
-    top = _top_rank(fmt)
+    top = top_rank(fmt)
     return top + torch.where(q < 0, -rank, rank)
 
 
-def _top_rank(fmt) -> int:
+def top_rank(fmt) -> int:
     """rank(max): the number of positive finite values of ``fmt`` (plain Python: a constant under compile)."""
     if fmt.ebits == 0 or fmt.max < 2.0**fmt.emin:
         return round(fmt.max / fmt.min_subnormal)

@@ -103,9 +103,9 @@ def _build(compiler_path: str, target: Path) -> None:
 
 class NativeKernel:
     """The loaded library: ``call`` runs one quantizer call, ``flip_sums`` the flips diagnostic's per-segment
-    sums, ``gather`` its tracked weights, ``magnitude_range`` a tensor's finite |x| ends (range use),
-    ``stiff_adam_step`` one tensor's ManifoldAdamW / RelativeAdamW step, all on raw pointers (see
-    native_kernel.cpp)."""
+    sums, ``gather`` its tracked weights, ``magnitude_range`` a tensor's finite |x| ends (range use), ``bits_pass``
+    the bits diagnostic's code indices and stiffness, ``stiff_adam_step`` one tensor's ManifoldAdamW / RelativeAdamW
+    step, all on raw pointers (see native_kernel.cpp)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -129,6 +129,10 @@ class NativeKernel:
         ends.argtypes = [p, i64, p]
         ends.restype = None
         self.magnitude_range = ends
+        bits = lib.altgrad_bits_pass
+        bits.argtypes = [p, p, p, i64, ctypes.c_int, ctypes.c_int, ctypes.c_float, ctypes.c_float, i32, p, p]
+        bits.restype = None
+        self.bits_pass = bits
         step = lib.altgrad_stiff_adam_step
         step.argtypes = [p, p, p, p, i64, ctypes.c_int, ctypes.c_int, p, ctypes.c_double, ctypes.c_double, i32, i32,
                          ctypes.c_int, ctypes.c_int, p, p, p, i64, ctypes.c_int, ctypes.c_int]
@@ -413,6 +417,22 @@ def magnitude_range(k: NativeKernel, x: torch.Tensor) -> torch.Tensor:
     out = torch.empty(2, dtype=torch.float32)
     k.magnitude_range(x.data_ptr(), x.numel(), out.data_ptr())
     return out
+
+
+def bits_pass(k: NativeKernel, w: torch.Tensor, s: torch.Tensor, q: torch.Tensor, fmt: object, top: int
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(code_index(q, fmt) as int32, log2_stiffness(w, fmt, s)) in one pass over float32 CPU tensors of one length,
+    for power-of-two scales ``s`` only (the same values: see native_kernel.cpp); ``top`` the rank of fmt's max."""
+    w, s, q = (t.detach().contiguous() for t in (w, s, q))
+    n = w.numel()
+    if s.numel() != n or q.numel() != n:
+        raise ValueError(f"bits_pass needs w, s and q of one length, got {n}, {s.numel()}, {q.numel()}")
+    idx = torch.empty(n, dtype=torch.int32)
+    log2s = torch.empty(n, dtype=torch.float32)
+    min_normal = 2.0**fmt.emin if fmt.ebits > 0 else float("inf")
+    k.bits_pass(w.data_ptr(), s.data_ptr(), q.data_ptr(), n, int(fmt.emin), int(fmt.mbits), float(fmt.min_subnormal),
+                min_normal, int(top), idx.data_ptr(), log2s.data_ptr())
+    return idx, log2s
 
 
 class GatherPlan:

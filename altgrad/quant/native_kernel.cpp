@@ -11,6 +11,7 @@
 // (stochastic: + 1 when frac(|x| / q) > u, u from a counter-based hash of (seed, element index)). Then saturation
 // or overflow, the sign and NaN. Eight lanes at a time with AVX2; the last n mod 8 elements (and every element where
 // the compiler targets no AVX2) take the scalar twin ``round1``, so both are exercised by the exactness tests.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -674,6 +675,56 @@ void altgrad_magnitude_range(const float* x, int64_t n, float* out) {
   }
   out[0] = hi;
   out[1] = lo;
+}
+
+// The bits diagnostic's elementwise pass over n weights w with their power-of-two scales s and q = Q(w·s) (on the
+// grid, unscaled): idx[i] = diagnostics.flip_counts.code_index(q) (int32; INT32_MIN where q is NaN, as torch's
+// float → int32 conversion gives) and log2s[i] = diagnostics.stiffness.log2_stiffness(w, s) = log2(ulp_F(w·s) / s),
+// with F's emin, mantissa bits, smallest subnormal and normal (+inf without exponent bits) and rank of its max.
+// With s a power of two, ulp / s is a power of two (or 0, or not finite), so its log2 is its exponent, exactly what
+// torch.log2 returns for it.
+void altgrad_bits_pass(const float* w, const float* s, const float* q, int64_t n, int emin, int mbits,
+                       float min_subnormal, float min_normal, int32_t top, int32_t* idx, float* log2s) {
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  const uint32_t fmask = (uint32_t{1} << mbits) - 1;
+  for (int64_t i = 0; i < n; ++i) {
+    // code index: normal 2^e·(1 + f/2^M) has rank (e − emin + 1)·2^M + f, subnormal k·2^(emin−M) rank k
+    const float a = std::fabs(q[i]);
+    const uint32_t bits = static_cast<uint32_t>(as_i(a));
+    int32_t rank;
+    if (a >= min_normal) {
+      const int32_t e = static_cast<int32_t>((bits >> 23) & 0xFF) - 127;
+      const int32_t f = static_cast<int32_t>((bits >> (23 - mbits)) & fmask);
+      rank = static_cast<int32_t>(static_cast<uint32_t>(e - emin + 1) * (uint32_t{1} << mbits) +
+                                  static_cast<uint32_t>(f));
+    } else {
+      const float v = a / min_subnormal;  // an integer on the grid; rounded half to even as torch.round
+      if (v < 2147483648.0f) {  // false for NaN and the too large: x86's conversion gives INT32_MIN, as in torch
+        int32_t t = static_cast<int32_t>(v);
+        const float frac = v - static_cast<float>(t);
+        if (frac > 0.5f || (frac == 0.5f && (t & 1))) ++t;
+        rank = t;
+      } else {
+        rank = INT32_MIN;
+      }
+    }
+    const uint32_t signed_rank = q[i] < 0.0f ? 0u - static_cast<uint32_t>(rank) : static_cast<uint32_t>(rank);
+    idx[i] = static_cast<int32_t>(static_cast<uint32_t>(top) + signed_rank);  // int32 arithmetic wraps, as torch's
+    // log2 stiffness: ulp_F(x) = 2^(max(⌊log2|x|⌋, emin) − M) from x's float32 exponent field (FloatFormat.ulp)
+    const float x = w[i] * s[i];
+    const int32_t e32 = static_cast<int32_t>((static_cast<uint32_t>(as_i(x)) >> 23) & 0xFF);
+    const int32_t k = std::max(e32 - 127, emin) - mbits;
+    const float ulp = e32 == 0xFF ? nan
+                      : k >= -126 ? as_f((k + 127) << 23) : as_f(int32_t{1} << std::min(std::max(k + 149, 0), 22));
+    // ulp / s is a power of two, 0, ±inf or NaN: its log2 read off its bits (a subnormal's one set bit)
+    const uint32_t y = static_cast<uint32_t>(as_i(ulp / s[i]));
+    const uint32_t ey = (y >> 23) & 0xFF, my = y & 0x7FFFFF;
+    log2s[i] = ey == 0xFF ? (my != 0 || (y >> 31) ? nan : inf)
+               : (y >> 31) && (ey | my) != 0 ? nan  // log2 of a negative number (a negative scale)
+               : ey != 0 ? static_cast<float>(static_cast<int32_t>(ey) - 127)
+               : my != 0 ? static_cast<float>(__builtin_ctz(my) - 149)
+                         : -inf;
+  }
 }
 
 // The tracked weights of n_members tensors, end to end, into out: member k gives src[k][index[k][j]] for

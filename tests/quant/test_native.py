@@ -214,6 +214,33 @@ def test_the_native_gather_is_index_select_and_cat_then_the_difference() -> None
     assert_same_bits(diff, (ref - before).numpy(), what="gathered − before")
 
 
+@needs_native
+@pytest.mark.parametrize("name", ["e0m7", "e1m6", "e3m4", "e4m3", "e5m2", "e7m0", "p3109_p1", "fp16"])
+def test_the_native_bits_pass_is_code_index_and_log2_stiffness(name: str) -> None:
+    """The bits diagnostic's pass: torch's code indices and log2 stiffness bit for bit, with power-of-two scales per
+    element (tensor and channel scaling), weights across the whole float32 range, ±0, subnormals, ±inf and NaN."""
+    from altgrad.diagnostics import code_index, log2_stiffness
+    from altgrad.diagnostics.flip_counts import top_rank
+    from altgrad.quant import get_format, quantize
+
+    fmt = get_format(name)
+    gen = torch.Generator().manual_seed(len(name))
+    n = 20_003
+    w = torch.randn(n, generator=gen) * torch.exp2(torch.randint(-40, 20, (n,), generator=gen).float())
+    w[::97] = w[::97] * 2.0**-120  # float32 subnormals among them
+    for i, value in enumerate((0.0, -0.0, float("inf"), float("-inf"), float("nan"), 2.0**-149, 3.0e38)):
+        w[i::1009] = value
+    s = torch.exp2(torch.randint(-20, 21, (n,), generator=gen).float())  # one power of two per weight
+    q = quantize(w * s, fmt, overflow="saturate")
+    idx, log2s = native.bits_pass(native.kernel(), w, s, q, fmt, top_rank(fmt))
+    ref_idx = code_index(q, fmt)
+    finite = torch.isfinite(q)
+    assert idx.dtype == ref_idx.dtype == torch.int32
+    assert torch.equal(idx[finite], ref_idx[finite])
+    assert torch.equal(idx[~finite], ref_idx[~finite])  # the "undefined" index of NaN is torch's, too
+    assert_same_bits(log2s, log2_stiffness(w, fmt, s).numpy(), what=f"{name} log2 stiffness")
+
+
 # --- the enum table both sides are built from, and the quant.kernel choice -------------------------------------
 def test_the_enum_table_is_the_one_both_sides_use() -> None:
     """kernel_abi is the only statement of the enums: the torch kernels take them from it, and the C++ source
