@@ -126,7 +126,7 @@ class _Group:
         ptrs = tuple(p for _, p in (key if key is not None else self.weights_key()))
         if ptrs != self.plan_ptrs:
             weights = [m.layer.weight.detach() for m in self.members]
-            ok = all(native.takes(w) and w.is_contiguous() for w in weights)
+            ok = all(native.native_contiguous(w) for w in weights)
             self.plan = native.GatherPlan(weights, [m.index for m in self.members]) if ok else None
             self.plan_ptrs = ptrs
         return k if self.plan is not None else None

@@ -295,6 +295,11 @@ def takes(x: torch.Tensor) -> bool:
             and not torch.compiler.is_compiling() and type(x) in (torch.Tensor, torch.nn.Parameter))
 
 
+def native_contiguous(x: torch.Tensor) -> bool:
+    """Whether the kernel can read x's storage in place: ``takes(x)`` and contiguous."""
+    return takes(x) and x.is_contiguous()
+
+
 def _ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
@@ -453,6 +458,9 @@ class GatherPlan:
     def __call__(self, k: NativeKernel, before: torch.Tensor | None = None
                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(the tracked weights end to end, and their float32 difference from ``before``, or None without one)."""
+        if before is not None and not (before.numel() == self.total and native_contiguous(before)):
+            raise ValueError(f"GatherPlan: before must be a contiguous float32 CPU tensor of {self.total} elements, "
+                             f"got {before.dtype} {tuple(before.shape)} on {before.device}")
         out = torch.empty(self.total, dtype=torch.float32)
         diff = None if before is None else torch.empty(self.total, dtype=torch.float32)
         k.gather(self.n, ctypes.addressof(self.src), ctypes.addressof(self.index), self.counts.data_ptr(),

@@ -212,6 +212,8 @@ def test_the_native_gather_is_index_select_and_cat_then_the_difference() -> None
     out, diff = plan(native.kernel(), before)
     assert torch.equal(out, ref)
     assert_same_bits(diff, (ref - before).numpy(), what="gathered − before")
+    with pytest.raises(ValueError, match="contiguous float32 CPU tensor of 806 elements"):
+        plan(native.kernel(), before[:-1])  # never read past a too short ``before``
 
 
 @needs_native
