@@ -204,10 +204,9 @@ def _index_and_stiffness(w: torch.Tensor, s: torch.Tensor, q: torch.Tensor, fmt:
                          ) -> tuple[torch.Tensor, torch.Tensor]:
     """(code_index(q), log2_stiffness(w, s)): one native pass where every scale is a power of two and the kernel
     serves these float32 CPU weights (``quant.kernel`` auto or native), else torch's ops; the same values."""
-    if pow2 and kernel in ("auto", "native") and all(native.takes(t) for t in (w, s, q)):
-        k = native.kernel()
-        if k is not None:
-            return native.bits_pass(k, w, s, q, fmt, top_rank(fmt))
+    k = native.serving(kernel) if pow2 and all(native.takes(t) for t in (w, s, q)) else None
+    if k is not None:
+        return native.bits_pass(k, w, s, q, fmt, top_rank(fmt))
     return code_index(q, fmt), log2_stiffness(w, fmt, s)
 
 

@@ -118,9 +118,7 @@ class _Group:
     def _native_plan(self, key: tuple | None) -> Any:
         """The native kernel with this group's gather plan ready, or None where the torch ops serve (a GPU, another
         dtype, a non-contiguous weight, ``quant.kernel=eager``, no kernel built)."""
-        if self.members[0].layer.weight_q.call_kernel not in ("auto", "native"):
-            return None
-        k = native.kernel()
+        k = native.serving(self.members[0].layer.weight_q.call_kernel)
         if k is None:
             return None
         ptrs = tuple(p for _, p in (key if key is not None else self.weights_key()))
@@ -313,7 +311,7 @@ class FlipCallback(Instrument):
             kernel = g.members[0].layer.weight_q.call_kernel  # the road quant.kernel resolved for these weights
             q_before = quantize_scaled(g.before, fmt, g.scale, "nearest", overflow, kernel=kernel, scale_pow2=g.pow2)
             q_after = quantize_scaled(after, fmt, g.scale, "nearest", overflow, kernel=kernel, scale_pow2=g.pow2)
-            k = native.kernel() if kernel in ("auto", "native") else None
+            k = native.serving(kernel)
             if k is not None and all(native.takes(t) for t in (q_before, q_after, intended)):
                 # the native kernel: the eager function's sums (same order, float32), no per-process compile; the
                 # cosine stays torch's (its float32 sqrt is not the correctly rounded one a C++ sqrtf gives)

@@ -6,6 +6,8 @@ import math
 
 import torch
 
+from altgrad.quant import native
+
 
 def format_octaves(fmt) -> float:
     """log2(max / min_subnormal) of a FloatFormat: the octaves between its smallest and largest magnitude."""
@@ -20,7 +22,7 @@ def range_use(x: torch.Tensor, fmt, kernel: str = "auto") -> torch.Tensor:
     ``kernel`` (``quant.kernel``): ``auto`` and ``native`` read both ends in one native pass over a float32 CPU
     tensor (the same values), ``compiled`` and ``eager`` with torch's ops.
     """
-    ends = _native_ends(x) if kernel in ("auto", "native") else None
+    ends = _native_ends(x, kernel)
     if ends is not None:
         amax, amin = ends[0], ends[1]
     else:
@@ -32,12 +34,8 @@ def range_use(x: torch.Tensor, fmt, kernel: str = "auto") -> torch.Tensor:
     return octaves / format_octaves(fmt)
 
 
-def _native_ends(x: torch.Tensor) -> torch.Tensor | None:
-    """[amax, smallest nonzero] from the native kernel, or None where it does not serve (not float32 on the CPU, an
-    empty tensor, no kernel built)."""
-    from altgrad.quant import native
-
-    if x.numel() == 0 or not native.takes(x):
-        return None
-    k = native.kernel()
+def _native_ends(x: torch.Tensor, road: str) -> torch.Tensor | None:
+    """[amax, smallest nonzero] from the native kernel, or None where it does not serve (another road, not float32
+    on the CPU, an empty tensor, no kernel built)."""
+    k = native.serving(road) if x.numel() and native.takes(x) else None
     return None if k is None else native.magnitude_range(k, x)

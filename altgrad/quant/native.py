@@ -295,6 +295,12 @@ def takes(x: torch.Tensor) -> bool:
             and not torch.compiler.is_compiling() and type(x) in (torch.Tensor, torch.nn.Parameter))
 
 
+def serving(road: str) -> NativeKernel | None:
+    """The kernel where a ``quant.kernel`` road lets native code serve (``auto``, ``native``) and it is built, else
+    None (the diagnostics' native passes then take torch's ops: the same values)."""
+    return kernel() if road in ("auto", "native") else None
+
+
 def native_contiguous(x: torch.Tensor) -> bool:
     """Whether the kernel can read x's storage in place: ``takes(x)`` and contiguous."""
     return takes(x) and x.is_contiguous()
@@ -434,7 +440,7 @@ def bits_pass(k: NativeKernel, w: torch.Tensor, s: torch.Tensor, q: torch.Tensor
         raise ValueError(f"bits_pass needs w, s and q of one length, got {n}, {s.numel()}, {q.numel()}")
     idx = torch.empty(n, dtype=torch.int32)
     log2s = torch.empty(n, dtype=torch.float32)
-    min_normal = 2.0**fmt.emin if fmt.ebits > 0 else float("inf")
+    min_normal = fmt.min_normal or float("inf")  # no exponent bits: every value is subnormal
     k.bits_pass(w.data_ptr(), s.data_ptr(), q.data_ptr(), n, int(fmt.emin), int(fmt.mbits), float(fmt.min_subnormal),
                 min_normal, int(top), idx.data_ptr(), log2s.data_ptr())
     return idx, log2s
@@ -447,7 +453,8 @@ class GatherPlan:
 
     def __init__(self, tensors: list[torch.Tensor], indices: list[torch.Tensor | None]) -> None:
         n = len(tensors)
-        self.indices = [None if i is None else i.contiguous() for i in indices]  # kept alive: the table points in
+        self.tensors = list(tensors)  # kept alive with the indices: the tables point into both
+        self.indices = [None if i is None else i.contiguous() for i in indices]
         self.counts = torch.tensor([t.numel() if i is None else i.numel() for t, i in zip(tensors, self.indices)],
                                    dtype=torch.int64)
         self.total = int(self.counts.sum())
