@@ -9,7 +9,8 @@ stack, ``frame;frame;...;leaf COUNT``, each frame ``function (file:line)``) of o
 validation and imports left out), each charged to the part its innermost Python frame belongs to: a torch op's C time
 shows under the Python frame that called it, so the parts separate the kernels both processes run (backward, the
 Linear layers, the rest of the forward, the optimizer, the grad-norm clip) from what only a job adds (Lightning's own
-Python, the diagnostics callbacks). Printed: ms a step per part (samples ÷ rate ÷ steps). py-spy is not a dependency
+Python, the diagnostics callbacks). Printed: ms a step per part (samples ÷ rate ÷ steps); with ``--callbacks``, also
+each callback's hooks with what they call (torch ops, quantizer calls) included. py-spy is not a dependency
 of altgrad (``pip install py-spy`` to rerun); ``--nonblocking`` reads the process without pausing it.
 """
 
@@ -82,23 +83,48 @@ def ms_per_step(lines: Iterable[str], kind: str, steps: int, rate: float) -> dic
     return out
 
 
+def per_callback(lines: Iterable[str], kind: str, steps: int, rate: float) -> dict[str, float]:
+    """ms a step inside each callback's hooks, what they call included (each sample charged to the outermost
+    ``altgrad/callbacks/<name>.py`` frame of its stack), by callback module name, largest first."""
+    if kind not in STEP_FRAME:
+        raise ValueError(f"kind={kind!r} is not valid; valid: {', '.join(STEP_FRAME)}")
+    counts: Counter[str] = Counter()
+    for frames, count in stacks(lines):
+        if not in_step(frames, kind):
+            continue
+        for frame in frames:
+            path = frame.rpartition(" (")[2].rsplit(":", 1)[0]
+            if "altgrad/callbacks/" in path:
+                counts[path.rsplit("/", 1)[-1].removesuffix(".py")] += count
+                break
+    scale = 1000.0 / (rate * steps)
+    return {name: n * scale for name, n in counts.most_common()}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m altgrad.bench._step_samples", description=__doc__.splitlines()[0])
     parser.add_argument("raw", type=Path, help="py-spy's raw output (-f raw) of one training process")
     parser.add_argument("--kind", required=True, choices=sorted(STEP_FRAME), help="a job or the plain loop")
     parser.add_argument("--steps", required=True, type=int, help="the process's training steps (trainer.max_steps)")
     parser.add_argument("--rate", type=float, default=100.0, help="py-spy's sampling rate, Hz (-r)")
+    parser.add_argument("--callbacks", action="store_true",
+                        help="also each callback's hooks, what they call included (ms a step)")
     args = parser.parse_args(argv)
     if args.steps < 1 or args.rate <= 0:
         parser.error(f"--steps {args.steps} --rate {args.rate}: valid: steps >= 1, rate > 0")
     if not args.raw.is_file():
         parser.error(f"{args.raw}: no such file; valid: the file py-spy record -f raw -o wrote")
+    lines = args.raw.read_text().splitlines()
     try:
-        parts = ms_per_step(args.raw.read_text().splitlines(), args.kind, args.steps, args.rate)
+        parts = ms_per_step(lines, args.kind, args.steps, args.rate)
+        hooks = per_callback(lines, args.kind, args.steps, args.rate) if args.callbacks else {}
     except ValueError as err:
         parser.error(f"{args.raw}: {err}")
     print(f"{args.raw.name}: all {parts['all']:.2f} ms a step | "
           + " | ".join(f"{p} {parts[p]:.2f}" for p in PARTS))
+    if args.callbacks:
+        print(f"{args.raw.name}: callbacks' hooks, what they call included: {sum(hooks.values()):.2f} ms a step | "
+              + " | ".join(f"{name} {ms:.2f}" for name, ms in hooks.items()))
     return 0
 
 

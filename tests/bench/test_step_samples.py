@@ -77,3 +77,14 @@ def test_bad_input_says_what_was_wrong(tmp_path: Path, capsys: pytest.CaptureFix
         with pytest.raises(SystemExit) as stop:
             ss.main(argv)
         assert stop.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_each_callbacks_hooks_take_what_they_call() -> None:
+    lines = [f"{JOB};FlipCallback.on_train_batch_end (altgrad/callbacks/flips.py:300);quantize_scaled "
+             "(altgrad/quant/fake_quant.py:90) 3",
+             f"{JOB};FlipCallback.on_train_batch_end (altgrad/callbacks/flips.py:301) 1",
+             f"{JOB};DivergenceCallback.on_before_optimizer_step (altgrad/callbacks/divergence.py:262);"
+             "Instrument.log_scalars (altgrad/callbacks/base.py:140);"
+             "_get_total_norm (torch/nn/utils/clip_grad.py:90) 2",
+             *LINES]
+    assert ss.per_callback(lines, "job", steps=10, rate=100.0) == {"flips": 4.0, "divergence": 3.0}
