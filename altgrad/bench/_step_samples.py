@@ -8,10 +8,11 @@ stack, ``frame;frame;...;leaf COUNT``, each frame ``function (file:line)``) of o
 ``--kind loop``). Only samples inside the training steps count (the job's ``_TrainingEpochLoop``, the loop's ``run``;
 validation and imports left out), each charged to the part its innermost Python frame belongs to: a torch op's C time
 shows under the Python frame that called it, so the parts separate the kernels both processes run (backward, the
-Linear layers, the rest of the forward, the optimizer, the grad-norm clip) from what only a job adds (Lightning's own
-Python, the diagnostics callbacks). Printed: ms a step per part (samples ÷ rate ÷ steps); with ``--callbacks``, also
-each callback's hooks with what they call (torch ops, quantizer calls) included. py-spy is not a dependency
-of altgrad (``pip install py-spy`` to rerun); ``--nonblocking`` reads the process without pausing it.
+Linear layers (quantized ones: their autograd node), the rest of the forward, the optimizer, the grad-norm clip) from
+what only a job adds (Lightning's own Python, the diagnostics callbacks). Printed: ms a step per part (samples ÷ rate
+÷ steps); with ``--callbacks``, also each callback's hooks with what they call (torch ops, quantizer calls) included.
+py-spy is not a dependency of altgrad (``pip install py-spy`` to rerun); ``--nonblocking`` reads the process without
+pausing it.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 # parts, in the order they are printed
@@ -48,13 +49,17 @@ def in_step(frames: list[str], kind: str) -> bool:
     return STEP_FRAME[kind] in stack and not any(o in stack for o in OUTSIDE)
 
 
+def frame_path(frame: str) -> str:
+    """The file of a frame ``function (file:line)``."""
+    return frame.rpartition(" (")[2].rsplit(":", 1)[0]
+
+
 def part(leaf: str) -> str:
     """The part of a step that an innermost frame ``function (file:line)`` belongs to."""
-    function, _, where = leaf.rpartition(" (")
-    path = where.rsplit(":", 1)[0]
+    function, path = leaf.rpartition(" (")[0], frame_path(leaf)
     if function == "_engine_run_backward":
         return "backward"
-    if path.endswith("torch/nn/modules/linear.py"):
+    if path.endswith(("torch/nn/modules/linear.py", "altgrad/quant/linear_node.py")):  # plain or quantized Linear
         return "linear"
     if "torch/optim/" in path:
         return "optimizer"
@@ -69,35 +74,36 @@ def part(leaf: str) -> str:
     return "rest"
 
 
-def ms_per_step(lines: Iterable[str], kind: str, steps: int, rate: float) -> dict[str, float]:
-    """Each part's ms a step, and "all" (the in-step samples)."""
+def _tally(lines: Iterable[str], kind: str, steps: int, rate: float, key: Callable[[list[str]], str | None]
+           ) -> tuple[Counter[str], float]:
+    """Samples inside the steps counted by ``key(frames)`` (None: not counted), and ms a step per sample."""
     if kind not in STEP_FRAME:
         raise ValueError(f"kind={kind!r} is not valid; valid: {', '.join(STEP_FRAME)}")
     counts: Counter[str] = Counter()
     for frames, count in stacks(lines):
-        if in_step(frames, kind):
-            counts[part(frames[-1])] += count  # in_step: frames is not empty
-    scale = 1000.0 / (rate * steps)
+        name = key(frames) if in_step(frames, kind) else None
+        if name is not None:
+            counts[name] += count
+    return counts, 1000.0 / (rate * steps)
+
+
+def ms_per_step(lines: Iterable[str], kind: str, steps: int, rate: float) -> dict[str, float]:
+    """Each part's ms a step, and "all" (the in-step samples)."""
+    counts, scale = _tally(lines, kind, steps, rate, lambda frames: part(frames[-1]))  # in a step: frames not empty
     out = {p: counts[p] * scale for p in PARTS}
     out["all"] = sum(counts.values()) * scale
     return out
 
 
+def _outermost_callback(frames: list[str]) -> str | None:
+    paths = (frame_path(f) for f in frames)
+    return next((p.rsplit("/", 1)[-1].removesuffix(".py") for p in paths if "altgrad/callbacks/" in p), None)
+
+
 def per_callback(lines: Iterable[str], kind: str, steps: int, rate: float) -> dict[str, float]:
     """ms a step inside each callback's hooks, what they call included (each sample charged to the outermost
     ``altgrad/callbacks/<name>.py`` frame of its stack), by callback module name, largest first."""
-    if kind not in STEP_FRAME:
-        raise ValueError(f"kind={kind!r} is not valid; valid: {', '.join(STEP_FRAME)}")
-    counts: Counter[str] = Counter()
-    for frames, count in stacks(lines):
-        if not in_step(frames, kind):
-            continue
-        for frame in frames:
-            path = frame.rpartition(" (")[2].rsplit(":", 1)[0]
-            if "altgrad/callbacks/" in path:
-                counts[path.rsplit("/", 1)[-1].removesuffix(".py")] += count
-                break
-    scale = 1000.0 / (rate * steps)
+    counts, scale = _tally(lines, kind, steps, rate, _outermost_callback)
     return {name: n * scale for name, n in counts.most_common()}
 
 
@@ -124,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
           + " | ".join(f"{p} {parts[p]:.2f}" for p in PARTS))
     if args.callbacks:
         print(f"{args.raw.name}: callbacks' hooks, what they call included: {sum(hooks.values()):.2f} ms a step | "
-              + " | ".join(f"{name} {ms:.2f}" for name, ms in hooks.items()))
+              + (" | ".join(f"{name} {ms:.2f}" for name, ms in hooks.items()) or "none"))
     return 0
 
 

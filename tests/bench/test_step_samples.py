@@ -51,6 +51,7 @@ def test_the_loops_steps_are_its_run_frame_less_evaluation_and_imports() -> None
 
 @pytest.mark.parametrize("leaf, expected", [
     ("_engine_run_backward (torch/autograd/graph.py:829)", "backward"),
+    ("forward (altgrad/quant/linear_node.py:120)", "linear"),  # a quantized Linear's node
     ("Optimizer.zero_grad (torch/optim/optimizer.py:1000)", "optimizer"),
     ("layer_norm (torch/nn/functional.py:2900)", "other forward"),
     ("_clip_grads_with_norm_ (torch/nn/utils/clip_grad.py:200)", "grad norm"),
