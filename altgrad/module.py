@@ -18,11 +18,13 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+from lightning.pytorch.plugins.precision import Precision
 import torch
 import torch.nn.functional as F
 from torch.optim.lr_scheduler import LambdaLR
 from torchmetrics import MeanMetric
 
+from altgrad.grad_norm import StepGradNorm, optimizer_params, step_grads
 from altgrad.model import GPT, GPTConfig
 from altgrad.optim import build_optimizer
 
@@ -163,6 +165,7 @@ class AltGradModule(L.LightningModule):
         self._clock: float | None = None
         self.job_clock = JobClock()
         self._rng_to_restore: dict[str, Any] | None = None
+        self.grad_norm = StepGradNorm()  # the divergence check's norm of this step, reused by clipping
 
     # -- model ------------------------------------------------------------------------------------------------------
     def configure_model(self) -> None:
@@ -282,6 +285,22 @@ class AltGradModule(L.LightningModule):
                                                 "plain_params": info["plain_params"], "plain_lr": info["plain_lr"]}
         scheduler = LambdaLR(optimizer, self.schedule)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    def configure_gradient_clipping(self, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None = None,
+                                    gradient_clip_algorithm: str | None = None) -> None:
+        """Lightning's clipping, with the global norm the divergence check computed this step where it still holds
+        (the same bits as ``clip_grad_norm_``: its two halves); otherwise, and for any plugin that clips its own
+        way, Lightning's path as is."""
+        plugin = self.trainer.precision_plugin
+        params = optimizer_params(optimizer)
+        norm = self.grad_norm.take(step_grads(params), self.trainer.global_step)
+        if (norm is not None and gradient_clip_val is not None and gradient_clip_val > 0
+                and (gradient_clip_algorithm or "norm") == "norm"
+                and type(plugin).clip_grad_by_norm is Precision.clip_grad_by_norm
+                and type(plugin).main_params is Precision.main_params):
+            torch.nn.utils.clip_grads_with_norm_(params, gradient_clip_val, norm)
+            return
+        super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
 
     # -- exact resume -----------------------------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:

@@ -38,6 +38,7 @@ from altgrad.callbacks.base import backbone, linear_layers, quantizer_roles, run
 from altgrad.callbacks.gradients import lm_loss
 from altgrad.callbacks.probe import capture_rng, forward_context, preserved_rng, quantizers, restore_rng
 from altgrad.diagnostics import DivergenceDetector
+from altgrad.grad_norm import StepGradNorm
 from altgrad.quant import STAT_NAMES
 from altgrad.quant.fake_quant import set_track_stats
 
@@ -250,7 +251,11 @@ class DivergenceCallback(L.Callback):
         check_grads = self.skip_nonfinite_steps and not amp and bool(params)
         values = []
         if check_grads:
-            values.append(torch.nn.utils.get_total_norm([p.grad for p in params], error_if_nonfinite=False))
+            # kept on the module (AltGradModule.grad_norm) for clipping to reuse this step: one norm, not two
+            cache = getattr(pl_module, "grad_norm", None)
+            grads = [p.grad for p in params]
+            values.append(cache.compute(grads, trainer.global_step) if isinstance(cache, StepGradNorm)
+                          else torch.nn.utils.get_total_norm(grads, error_if_nonfinite=False))
         loss = None if amp or self.diverged_at_step is not None else self._loss
         if loss is not None:
             values.append(loss)
