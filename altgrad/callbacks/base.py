@@ -8,7 +8,8 @@ in one transfer per logging interval, so instruments add no host syncs between i
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+import weakref
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar
 
 import lightning as L
@@ -16,6 +17,7 @@ import torch
 from torch import nn
 
 from altgrad.callbacks.wandb_values import no_pandas_probe
+from altgrad.quant import changes
 from altgrad.quant.layers import QuantLinear
 
 
@@ -32,19 +34,40 @@ def backbone(pl_module: L.LightningModule) -> nn.Module:
     return getattr(model, "_orig_mod", model)
 
 
+_WALKS: dict[tuple[str, int], tuple[weakref.ref, int, list]] = {}
+
+
+def _walked(kind: str, model: nn.Module, walk: Callable[[nn.Module], list]) -> list:
+    """``walk(model)``, kept until a quantizer or the layer surgery changes (``changes.COUNT``) or the model is
+    another object: walking the module tree costs ≈ 0.5 ms, and several instruments do it on every logging step.
+    A copy, so a caller may change its list."""
+    key = (kind, id(model))
+    hit = _WALKS.get(key)
+    if hit is None or hit[0]() is not model or hit[1] != changes.COUNT[0]:
+        def forget(ref: weakref.ref, key: tuple[str, int] = key) -> None:  # the model is gone: so is its entry
+            if _WALKS.get(key, (None,))[0] is ref:
+                del _WALKS[key]
+        hit = (weakref.ref(model, forget), changes.COUNT[0], walk(model))
+        _WALKS[key] = hit
+    return list(hit[2])
+
+
 def linear_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """Every Linear of the model, quantized (QuantLinear) or not, with its qualified name, in module order."""
-    return [(n, m) for n, m in model.named_modules() if isinstance(m, (QuantLinear, nn.Linear))]
+    return _walked("linear", model, lambda model: [(n, m) for n, m in model.named_modules()
+                                                   if isinstance(m, (QuantLinear, nn.Linear))])
 
 
 def quantized_weights(model: nn.Module) -> list[tuple[str, QuantLinear]]:
     """QuantLinears whose weight is quantized (they have a grid for flips, bits and stiffness)."""
-    return [(n, m) for n, m in model.named_modules() if isinstance(m, QuantLinear) and m.weight_q is not None]
+    return _walked("weights", model, lambda model: [(n, m) for n, m in model.named_modules()
+                                                    if isinstance(m, QuantLinear) and m.weight_q is not None])
 
 
 def quantizer_roles(model: nn.Module) -> list[tuple[str, str, nn.Module]]:
     """(layer, role, quantizer) for every quantized tensor role, in module order."""
-    return [(n, role, q) for n, m in model.named_modules() if isinstance(m, QuantLinear) for role, q in m.quantizers()]
+    return _walked("roles", model, lambda model: [(n, role, q) for n, m in model.named_modules()
+                                                  if isinstance(m, QuantLinear) for role, q in m.quantizers()])
 
 
 def run_summary(pl_module: L.LightningModule) -> dict[str, Any]:

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from altgrad.quant import linear_node
+from altgrad.quant import changes, linear_node
 from altgrad.quant.fake_quant import GradQuantizer, TensorQuantizer
 from altgrad.quant.spec import QuantSpec
 
@@ -139,5 +139,6 @@ def quantize_linears(model: nn.Module, resolved: Mapping[str, "ResolvedLayer"], 
         ql = QuantLinear(module, name, spec.weight, spec.input, spec.grad, tied=spec.tied, kernel=kernel)
         ql.to(device=module.weight.device)
         setattr(parent, child, ql)
+        changes.COUNT[0] += 1  # the model's structure changed: layer lists cached from it are stale
         swapped[name] = ql
     return swapped
