@@ -97,6 +97,11 @@ class _Group:
     pow2: bool = False  # every member's scales are powers of two (the unscaling is then one exact multiply)
     ones: list[torch.Tensor | None] | None = None  # each member's one-scale buffer, as of quantizer change count ...
     ones_count: int = -1                            # ... this (in-place updates keep the buffers; changes.COUNT)
+    kept_scales: torch.Tensor | None = None  # CPU: the last step's per-tensor scales (int32 bits) ...
+    kept_scale: torch.Tensor | None = None   # ... and the per-weight scale spread from them
+    scale_kept: bool = False                 # this step's scales are the last step's, bit for bit
+    q_after: torch.Tensor | None = None      # ``after`` on the grid of the step that read it
+    q_before: torch.Tensor | None = None     # this step's quantized "before", where the last step's q_after is it
 
     plan: native.GatherPlan | None = None  # the native gather's pointer tables for the storages in plan_ptrs
     plan_ptrs: tuple | None = None
@@ -139,11 +144,20 @@ class _Group:
         if self.ones_count != changes.COUNT[0]:  # a buffer replaced or a spec changed moves the count
             self.ones, self.ones_count = [m.one_scale() for m in self.members], changes.COUNT[0]
         ones = self.ones
+        self.scale_kept = False
         if all(s is not None for s in ones):
             per_tensor = torch.stack(ones).to(self.sizes.device, torch.float32)  # one op for every tensor's scale
+            if per_tensor.device.type == "cpu":  # (the comparison reads the values: a host sync on a GPU)
+                bits = per_tensor.view(torch.int32)
+                if self.kept_scales is not None and torch.equal(bits, self.kept_scales):
+                    self.scale_kept = True  # scales move rarely (powers of two): the last spread is this one
+                    return self.kept_scale
+                self.kept_scales = bits.clone()
             # each weight's tensor number picks its scale: repeat_interleave(per_tensor, sizes)'s values,
             # without the output size it needs from the device (a host sync per step on a GPU)
-            return torch.index_select(per_tensor, 0, self.segments)
+            self.kept_scale = torch.index_select(per_tensor, 0, self.segments)
+            return self.kept_scale
+        self.kept_scales = self.kept_scale = None
         return torch.cat([m.scale(m.layer.weight.detach()) for m in self.members])
 
 
@@ -243,8 +257,10 @@ class FlipCallback(Instrument):
             # nothing writes the weights between a step's end (storage policy applied) and the next optimizer step,
             # so the weights read then are this step's "before" (a group rebuilt after a format change has none)
             g.before = g.after if g.after is not None else g.gather()
-            g.after = None
             g.scale = g.scales()
+            # the same weights on the same grid as the last step's q_after: quantizing them again gives its values
+            g.q_before = g.q_after if g.after is not None and g.scale_kept else None
+            g.after = g.q_after = None
             g.intended = g.stepped = g.stepped_key = None
         self._pending = True
 
@@ -309,7 +325,10 @@ class FlipCallback(Instrument):
             intended = g.intended if g.intended is not None else after - g.before  # no post-hook ran
             fmt, overflow, _ = g.spec_key
             kernel = g.members[0].layer.weight_q.call_kernel  # the road quant.kernel resolved for these weights
-            q_before = quantize_scaled(g.before, fmt, g.scale, "nearest", overflow, kernel=kernel, scale_pow2=g.pow2)
+            q_before = g.q_before
+            if q_before is None:
+                q_before = quantize_scaled(g.before, fmt, g.scale, "nearest", overflow, kernel=kernel,
+                                           scale_pow2=g.pow2)
             q_after = quantize_scaled(after, fmt, g.scale, "nearest", overflow, kernel=kernel, scale_pow2=g.pow2)
             k = native.serving(kernel)
             if k is not None and all(native.takes(t) for t in (q_before, q_after, intended)):
@@ -322,8 +341,8 @@ class FlipCallback(Instrument):
                                                          len(g.members), compiled=kernel != "eager")
             g.acc += torch.cat([counts, counts.new_ones(counts.shape[0], 1)], dim=1)
             g.osc_ema = ema_update(g.osc_ema, counts[:, 2] / g.sizes, self.momentum)
-            g.before = g.intended = g.scale = None
-            g.after = after
+            g.before = g.intended = g.scale = g.q_before = None
+            g.after, g.q_after = after, q_after
         self.osc_steps += 1
         if self._due:
             self._log(trainer, pl_module)

@@ -227,6 +227,32 @@ def test_flips_use_the_grid_of_the_steps_forward():
     cb.on_train_end(trainer, module)
 
 
+def test_flips_over_steps_whose_scale_moves_and_stays():
+    # the last step's quantized "after" stands in for this step's "before" only while the scale is the same:
+    # every step's flips must equal a fresh quantization of both sides on that step's grid
+    module, fc = one_layer(weight=QuantSpec(get_format("e4m3"), scaling=ScalingSpec(kind="tensor")), shape=(8, 16))
+    torch.manual_seed(2)
+    opt = torch.optim.SGD([fc.weight], lr=1.0)
+    logger = RecordingLogger()
+    trainer = fake_trainer(logger, optimizers=[opt])
+    cb = FlipCallback(every_n_steps=1)
+    cb.on_train_start(trainer, module)
+    fmt = get_format("e4m3")
+    kept = []
+    for step in range(6):
+        fc(torch.randn(3, 16))  # the forward records this step's scale
+        w0 = fc.weight.detach().clone()
+        s = fc.weight_q.scale_for(w0)
+        # steps 2 and 4 grow the weights fourfold (the power-of-two scale moves); the others nudge them
+        fc.weight.grad = -3.0 * w0 if step in (2, 4) else torch.randn(8, 16) * 0.01
+        run_step([cb], trainer, module, opt)
+        kept.append(cb.groups[0].scale_kept)
+        expected = (quantize(w0 * s, fmt) != quantize(fc.weight.detach() * s, fmt)).float().mean().item()
+        assert logger.last()["flips/fc/weight/flip_rate"] == pytest.approx(expected, abs=0), step
+    assert kept[1] and not kept[3] and not kept[5]  # both cases were met: the last "after" reused, and not
+    cb.on_train_end(trainer, module)
+
+
 def test_flips_of_layers_in_different_formats():
     root = nn.Module()
     root.a = QuantLinear(nn.Linear(4, 2, bias=False), "a", weight=unscaled("e0m7"))
