@@ -46,9 +46,10 @@ def callback_classes() -> list[type]:
 
 
 def timed(owner: type, name: str, record: dict[str, list[float]], label: str) -> Callable[[], None]:
-    """Wrap ``owner.name`` (a function defined on ``owner``) so each call appends its seconds to record[label];
+    """Wrap ``owner.name`` (defined on ``owner`` or inherited) so each call appends its seconds to record[label];
     returns the undo."""
-    original = vars(owner)[name]
+    own = vars(owner).get(name)
+    original = getattr(owner, name)
 
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -59,7 +60,7 @@ def timed(owner: type, name: str, record: dict[str, list[float]], label: str) ->
             record[label].append(time.perf_counter() - start)
 
     setattr(owner, name, wrapper)
-    return lambda: setattr(owner, name, original)
+    return lambda: setattr(owner, name, own) if own is not None else delattr(owner, name)
 
 
 def install(record: dict[str, list[float]], classes: Sequence[type]) -> Callable[[], None]:
