@@ -133,6 +133,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: --every {opts.every!r} is not valid; valid: intervals >= 1, comma-separated (10,50)",
               file=sys.stderr)
         return 2
+    if not opts.out.parent.is_dir():
+        print(f"error: {opts.out}: no folder {opts.out.parent} to write it in; valid: a path in an existing folder",
+              file=sys.stderr)
+        return 2
     import runpy
 
     import altgrad.module as module

@@ -55,6 +55,8 @@ def test_the_wrappers_time_each_call_and_come_off() -> None:
 def test_bad_intervals_are_one_line_and_exit_2(tmp_path, capsys) -> None:
     assert ht.main([str(tmp_path / "o.json"), "--every", "ten"]) == 2
     assert "--every 'ten' is not valid" in capsys.readouterr().err
+    assert ht.main([str(tmp_path / "missing" / "o.json")]) == 2
+    assert "no folder" in capsys.readouterr().err
 
 
 def test_a_real_job_through_the_entry_point(tmp_path) -> None:
