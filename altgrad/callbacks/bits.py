@@ -13,6 +13,7 @@ At each interval, before the optimizer step (weights and gradients of the same s
 from __future__ import annotations
 
 import csv
+import math
 from pathlib import Path
 from typing import Any
 
@@ -174,17 +175,27 @@ class BitsCallback(Instrument):
 def np_histograms(hists: dict[str, Any]) -> dict[str, tuple[list[float], list[float]]]:
     """(counts, edges) for W&B per entry: code counts ``(counts, n)`` over integer bins, or 64 bins between the least
     and the greatest finite value of a tensor (one bin [v, v + 1] when they are equal; [0, 1] with no finite value).
-    The values cross to the host in three transfers for the whole dict (ranges, bin counts, code counts), not a
-    few per tensor: each transfer waits for a GPU."""
+    The values cross to the host in three transfers for the whole dict (ranges, bin counts, code counts; a fourth
+    where a field holds NaN or ±inf), not a few per tensor: each transfer waits for a GPU."""
     codes = {k: v for k, v in hists.items() if isinstance(v, tuple)}
     fields = {k: v.detach().float().reshape(-1) for k, v in hists.items() if not isinstance(v, tuple)}
     out: dict[str, tuple[list[float], list[float]]] = {}
     if fields:
-        inf = float("inf")
-        ends = torch.stack([torch.stack([torch.where(torch.isfinite(x), x, inf).amin(),
-                                         torch.where(torch.isfinite(x), x, -inf).amax()]) for x in fields.values()])
+        # the least and greatest values, in one pass each (aminmax); where both are finite the field holds no NaN
+        # (it would propagate) and no ±inf, so they are its finite values' ends; fields where they are not are read
+        # again with the non-finite values masked (a second transfer, only then)
+        host = torch.stack([torch.stack(torch.aminmax(x)) for x in fields.values()]).cpu().tolist()
+        bad = [i for i, (lo, hi) in enumerate(host) if not (math.isfinite(lo) and math.isfinite(hi))]
+        if bad:
+            inf = float("inf")
+            xs = list(fields.values())
+            masked = torch.stack([torch.stack([torch.where(torch.isfinite(xs[i]), xs[i], inf).amin(),
+                                               torch.where(torch.isfinite(xs[i]), xs[i], -inf).amax()])
+                                  for i in bad]).cpu().tolist()
+            for i, ends in zip(bad, masked):
+                host[i] = ends
         # each field's bin range: [lo, hi] of its finite values, [v, v + 1] for one value, None for none
-        spans = [None if lo > hi else (lo, hi if hi > lo else lo + 1.0) for lo, hi in ends.cpu().tolist()]
+        spans = [None if lo > hi else (lo, hi if hi > lo else lo + 1.0) for lo, hi in host]
         # histc leaves out NaN and whatever lies outside [lo, hi] (±inf here): the finite values' counts
         binned = [torch.histc(x, bins=64, min=span[0], max=span[1]) for x, span in zip(fields.values(), spans)
                   if span is not None]
