@@ -38,7 +38,7 @@ from altgrad.callbacks.base import backbone, linear_layers, quantizer_roles, run
 from altgrad.callbacks.gradients import lm_loss
 from altgrad.callbacks.probe import capture_rng, forward_context, preserved_rng, quantizers, restore_rng
 from altgrad.diagnostics import DivergenceDetector
-from altgrad.grad_norm import StepGradNorm
+from altgrad.grad_norm import StepGradNorm, optimizer_params, step_grads
 from altgrad.quant import STAT_NAMES
 from altgrad.quant.fake_quant import set_track_stats
 
@@ -247,13 +247,13 @@ class DivergenceCallback(L.Callback):
         # fp16 AMP: the GradScaler skips inf/NaN steps itself while it calibrates the loss scale, and the loss seen in
         # on_before_backward is scaled, so neither is read here
         amp = getattr(trainer.precision_plugin, "scaler", None) is not None
-        params = [p for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+        params = [p for p in optimizer_params(optimizer) if p.grad is not None]  # clipping's order (grad_norm)
         check_grads = self.skip_nonfinite_steps and not amp and bool(params)
         values = []
         if check_grads:
             # kept on the module (AltGradModule.grad_norm) for clipping to reuse this step: one norm, not two
             cache = getattr(pl_module, "grad_norm", None)
-            grads = [p.grad for p in params]
+            grads = step_grads(params)
             values.append(cache.compute(grads, trainer.global_step) if isinstance(cache, StepGradNorm)
                           else torch.nn.utils.get_total_norm(grads, error_if_nonfinite=False))
         loss = None if amp or self.diverged_at_step is not None else self._loss
