@@ -181,6 +181,15 @@ def ema_update(ema: torch.Tensor, value: torch.Tensor, momentum: float) -> torch
     return ema * (1.0 - momentum) + value * momentum
 
 
+def ema_updates(ema: torch.Tensor, values: torch.Tensor, momentum: float) -> torch.Tensor:
+    """``ema_update`` applied for each row of ``values`` in order: the same bits as that many calls (the products of
+    the new values with ``momentum`` are elementwise, so they are taken for every row at once)."""
+    weighted = values * momentum
+    for row in weighted.unbind(0):
+        ema = ema * (1.0 - momentum) + row
+    return ema
+
+
 def ema_debiased(ema: float, momentum: float, steps: int) -> float:
     """Bias-corrected EMA after ``steps`` updates from 0, as Adam corrects its moments; NaN before any step.
 

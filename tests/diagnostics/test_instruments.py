@@ -16,7 +16,9 @@ from altgrad.callbacks.flips import FlipCallback
 from altgrad.callbacks.range_clip import RangeClipCallback
 from altgrad.callbacks.rank import RankCallback
 from altgrad.callbacks.stability import StabilityCallback
-from altgrad.quant import QuantSpec, ScalingSpec, get_format, quantize
+from altgrad.diagnostics import ema_debiased, ema_update
+from altgrad.diagnostics.flip_counts import counts_from_sums
+from altgrad.quant import QuantSpec, ScalingSpec, get_format, native, quantize
 from altgrad.quant.layers import QuantLinear
 
 from diag_helpers import RecordingLogger, fake_trainer, tiny_gpt
@@ -250,6 +252,48 @@ def test_flips_over_steps_whose_scale_moves_and_stays():
         expected = (quantize(w0 * s, fmt) != quantize(fc.weight.detach() * s, fmt)).float().mean().item()
         assert logger.last()["flips/fc/weight/flip_rate"] == pytest.approx(expected, abs=0), step
     assert kept[1] and not kept[3] and not kept[5]  # both cases were met: the last "after" reused, and not
+    cb.on_train_end(trainer, module)
+
+
+@pytest.mark.skipif(native.kernel() is None, reason="no C++ compiler here")
+def test_flip_accumulators_folded_when_read_are_the_step_by_step_ones(monkeypatch):
+    # the native path keeps each step's sums and adds them to the accumulators only when they are read (a logging
+    # step, a checkpoint): the interval counts, the descent cosine and the oscillation EMA must be the bits of
+    # adding every step as it came (counts_from_sums, then acc and ema_update, one step at a time)
+    sums_seen = []
+    flip_sums = native.flip_sums
+
+    def recording(*args, **kwargs):
+        out = flip_sums(*args, **kwargs)
+        sums_seen.append(out[0].clone())
+        return out
+
+    monkeypatch.setattr(native, "flip_sums", recording)
+    module, fc = one_layer(weight=QuantSpec(get_format("e4m3"), scaling=ScalingSpec(kind="tensor")), shape=(8, 16))
+    torch.manual_seed(5)
+    opt = torch.optim.SGD([fc.weight], lr=1.0)
+    logger = RecordingLogger()
+    trainer = fake_trainer(logger, optimizers=[opt])
+    cb = FlipCallback(every_n_steps=4, oscillation_momentum=0.3)
+    cb.on_train_start(trainer, module)
+    acc, ema = torch.zeros(1, 5), torch.zeros(1)
+    for step in range(1, 11):
+        fc(torch.randn(3, 16))
+        fc.weight.grad = torch.randn(8, 16) * 0.05 * (1 + step % 3)
+        run_step([cb], trainer, module, opt)
+        counts = counts_from_sums(sums_seen[-1])  # the accumulators as the steps came
+        acc += torch.cat([counts, counts.new_ones(1, 1)], dim=1)
+        ema = ema_update(ema, counts[:, 2] / 128.0, 0.3)
+        if step == 6:  # a checkpoint between two logging steps reads them too
+            layer = cb.state_dict()["layers"]["fc"]
+            assert torch.equal(layer[1], acc[0]) and torch.equal(layer[2], ema[0])
+        if step % 4 == 0:  # a logging step: the interval's means, then the interval starts again
+            logged = logger.last()
+            assert logged["flips/fc/weight/flip_rate"] == acc[0, 0].item() / (128 * acc[0, 4].item())
+            assert logged["flips/fc/weight/descent_cos"] == acc[0, 3].item() / acc[0, 4].item()
+            assert logged["flips/fc/weight/oscillation_rate"] == ema_debiased(ema.item(), 0.3, step)
+            acc.zero_()
+    assert len(sums_seen) == 10 and cb.groups[0].unfolded  # the native path ran; steps 9 and 10 wait unread
     cb.on_train_end(trainer, module)
 
 
