@@ -25,7 +25,7 @@ import lightning as L
 import torch
 
 from altgrad.callbacks.base import Instrument, backbone, quantized_weights, run_summary
-from altgrad.diagnostics.ulp_updates import decile_index, summarize_updates, ulp_ratio
+from altgrad.diagnostics.ulp_updates import decile_indices, summarize_updates, ulp_ratio
 from altgrad.quant.fake_quant import kept_scale
 from altgrad.quant.layers import QuantLinear
 
@@ -106,7 +106,7 @@ class UpdateCallback(Instrument):
         if not self._pending:
             return
         self._pending = False
-        ratios, moved, relative, nonzero, deciles = [], [], [], [], []
+        ratios, moved, relative, nonzero, magnitudes = [], [], [], [], []
         for t in self.tracked:
             if t.before is None:
                 continue
@@ -114,9 +114,11 @@ class UpdateCallback(Instrument):
             moved.append(delta != 0)
             ratios.append(ulp_ratio(delta, before, t.layer.weight_q.spec.format, t.scale))
             nonzero.append(before != 0)
-            relative.append(delta.abs() / before.abs())
-            deciles.append(decile_index(before.abs()).to(torch.int8))
+            magnitudes.append(before.abs())
+            relative.append(delta.abs() / magnitudes[-1])
             t.before = t.scale = None
+        # the tensors' samples are mostly of one size: their deciles in one sort
+        deciles = [d.to(torch.int8) for d in decile_indices(magnitudes)]
         if ratios:
             # one boolean index per quantity for the whole model (each one waits for the device): the same elements
             # in the same order as masking tensor by tensor

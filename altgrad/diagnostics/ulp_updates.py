@@ -31,6 +31,27 @@ def decile_index(magnitude: torch.Tensor) -> torch.Tensor:
     return torch.div(ranks * DECILES, max(n, 1), rounding_mode="floor")
 
 
+def decile_indices(magnitudes: list[torch.Tensor]) -> list[torch.Tensor]:
+    """``decile_index`` of each tensor, the tensors of one size sorted together (one stable argsort along the rows of
+    their stack: each row's order, and so its ranks, is the one it has alone)."""
+    out: list[torch.Tensor | None] = [None] * len(magnitudes)
+    by_size: dict[tuple[int, torch.device], list[int]] = {}
+    for i, m in enumerate(magnitudes):
+        by_size.setdefault((m.numel(), m.device), []).append(i)
+    for (n, device), members in by_size.items():
+        if len(members) == 1 or n == 0:
+            for i in members:
+                out[i] = decile_index(magnitudes[i])
+            continue
+        rows = torch.stack([magnitudes[i].reshape(-1) for i in members])
+        order = torch.argsort(rows, dim=1, stable=True)
+        ranks = torch.empty_like(order).scatter_(1, order, torch.arange(n, device=device).expand(len(members), n))
+        deciles = torch.div(ranks * DECILES, n, rounding_mode="floor")
+        for i, row in zip(members, deciles.unbind(0)):
+            out[i] = row.reshape(magnitudes[i].shape)
+    return out  # type: ignore[return-value]
+
+
 def summarize_updates(ratios: torch.Tensor, relative: torch.Tensor, deciles: torch.Tensor) -> dict[str, float]:
     """Run-level aggregates from every sampled update (flat tensors, on any device; one host transfer).
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from altgrad.callbacks.divergence import DivergenceCallback
 from altgrad.callbacks.updates import UpdateCallback
-from altgrad.diagnostics.ulp_updates import decile_index, summarize_updates, ulp_ratio
+from altgrad.diagnostics.ulp_updates import decile_index, decile_indices, summarize_updates, ulp_ratio
 from altgrad.quant import get_format
 
 
@@ -39,6 +39,25 @@ def test_decile_index() -> None:
 def test_decile_index_balances(n: int) -> None:
     counts = torch.bincount(decile_index(torch.randn(n, generator=torch.Generator().manual_seed(n))), minlength=10)
     assert int(counts.sum()) == n and int(counts.max() - counts.min()) <= 1
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.sampled_from([0, 1, 7, 64, 4096]), min_size=1, max_size=6), st.integers(0, 2**31 - 1))
+def test_decile_indices_are_each_tensors_own(sizes: list[int], seed: int) -> None:
+    # tensors of one size are sorted together: each one's deciles must be those it has alone, ties (few distinct
+    # values), NaN and zeros included
+    g = torch.Generator().manual_seed(seed)
+    tensors = []
+    for n in sizes:
+        x = torch.randint(0, 5, (n,), generator=g).float() if n % 2 else torch.randn(n, generator=g).abs()
+        if n > 3:
+            x[:: max(n // 3, 1)] = float("nan")
+            x[1] = 0.0
+        tensors.append(x)
+    together = decile_indices(tensors)
+    assert len(together) == len(tensors)
+    for x, d in zip(tensors, together):
+        assert torch.equal(d, decile_index(x))
 
 
 def test_summarize_updates_known_numbers() -> None:
