@@ -97,7 +97,7 @@ class BitsCallback(Instrument):
                  for part in _parts(members, [layers[i][1].weight.numel() for i in members], PASS_ELEMENTS)]
         for (fmt, overflow, _), members in parts:
             ws = [layers[i][1].weight.detach() for i in members]
-            scales = [layers[i][1].weight_q.scale_for(w).detach().float() for i, w in zip(members, ws)]
+            scales = [forward_scale(layers[i][1].weight_q, w) for i, w in zip(members, ws)]
             w_all = torch.cat([w.reshape(-1) for w in ws])
             s_all = torch.cat([torch.broadcast_to(s, w.shape).reshape(-1) for s, w in zip(scales, ws)])
             q_all = quantize(w_all.float() * s_all, fmt, overflow=overflow)  # on the grid, unscaled
@@ -209,6 +209,16 @@ def np_histograms(hists: dict[str, Any]) -> dict[str, tuple[list[float], list[fl
             out[name] = (host[start:start + c.numel()], [i - 0.5 for i in range(n + 1)])
             start += c.numel()
     return {k: out[k] for k in hists}
+
+
+def forward_scale(q: Any, w: torch.Tensor) -> torch.Tensor:
+    """The scale ``q.scale_for(w)`` gives (float32), read from the scaler where it is that value without a pass over
+    ``w``: a tensor scaler keeps the scale of its last training call, and between the forward and the optimizer step
+    the weights it was computed from have not changed (its fallback for a 0/Inf/NaN amax, the scale it kept, is the
+    same both ways). Other kinds (delayed: the scale of the history, not of ``w`` alone) compute it."""
+    if q.spec.scaling.kind == "tensor" and q.training:
+        return q.scaler.scale.detach().float()
+    return q.scale_for(w).detach().float()
 
 
 def _index_and_stiffness(w: torch.Tensor, s: torch.Tensor, q: torch.Tensor, fmt: Any, pow2: bool, kernel: str

@@ -392,6 +392,7 @@ def test_bits_of_layers_in_two_formats_match_each_tensor_on_its_own(monkeypatch,
     for layer in (root.a, root.b, root.c):
         with torch.no_grad():
             layer.weight.copy_(torch.randn_like(layer.weight) * torch.logspace(-3, 1, layer.weight.shape[1]))
+        layer(torch.randn(2, layer.weight.shape[1]))  # the step's forward: the scale the weights are read at
     root.a.weight.grad = torch.randn(6, 8)
     root.b.weight.grad = torch.randn(5, 8)
     hist = {}
@@ -430,6 +431,25 @@ def test_bits_of_layers_in_two_formats_match_each_tensor_on_its_own(monkeypatch,
             assert code == code_index(q, fmt).reshape(-1)[element].item()
             assert value == (q.reshape(-1)[element] / torch.broadcast_to(s, w.shape).reshape(-1)[element]).item()
     assert set(hist) == {f"bits/{n}/weight/{k}" for n in "abc" for k in ("codes", "log2_stiffness")}
+
+
+@pytest.mark.parametrize("kind", ["tensor", "delayed", "channel", "none"])
+def test_bits_reads_the_weights_at_the_scale_of_their_forward(kind):
+    # the scale bits reads from the scaler is the one scale_for computes from the weights after their forward,
+    # for an all-zero weight (the kept fallback) too
+    from altgrad.callbacks.bits import forward_scale
+
+    layer = QuantLinear(nn.Linear(8, 6, bias=False), "a",
+                        weight=QuantSpec(get_format("e4m3"), scaling=ScalingSpec(kind=kind)))
+    torch.manual_seed(4)
+    for scale_of in (0.003, 40.0, 0.0):
+        with torch.no_grad():
+            layer.weight.copy_(torch.randn(6, 8) * scale_of)
+        layer(torch.randn(2, 8))
+        w = layer.weight.detach()
+        expected = layer.weight_q.scale_for(w).detach().float()
+        got = forward_scale(layer.weight_q, w)
+        assert got.dtype == torch.float32 and torch.equal(torch.broadcast_to(got, expected.shape), expected)
 
 
 def _histogram_alone(v):
