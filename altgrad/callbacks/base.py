@@ -38,16 +38,17 @@ _WALKS: dict[tuple[str, int], tuple[weakref.ref, int, list]] = {}
 
 
 def _walked(kind: str, model: nn.Module, walk: Callable[[nn.Module], list]) -> list:
-    """``walk(model)``, kept until a quantizer or the layer surgery changes (``changes.COUNT``) or the model is
-    another object: walking the module tree costs ≈ 0.5 ms, and several instruments do it on every logging step.
-    A copy, so a caller may change its list."""
+    """``walk(model)``, kept until a quantizer or the layer surgery changes (``changes.STRUCTURE``: not the statistics
+    switched on for a logging step, which moves ``changes.COUNT``) or the model is another object: walking the module
+    tree costs ≈ 0.5 ms, and several instruments do it on every logging step. A copy, so a caller may change its
+    list."""
     key = (kind, id(model))
     hit = _WALKS.get(key)
-    if hit is None or hit[0]() is not model or hit[1] != changes.COUNT[0]:
+    if hit is None or hit[0]() is not model or hit[1] != changes.STRUCTURE[0]:
         def forget(ref: weakref.ref, key: tuple[str, int] = key) -> None:  # the model is gone: so is its entry
             if _WALKS.get(key, (None,))[0] is ref:
                 del _WALKS[key]
-        hit = (weakref.ref(model, forget), changes.COUNT[0], walk(model))
+        hit = (weakref.ref(model, forget), changes.STRUCTURE[0], walk(model))
         _WALKS[key] = hit
     return list(hit[2])
 

@@ -96,7 +96,7 @@ class _Group:
     spec_key: Any = field(default=None)
     pow2: bool = False  # every member's scales are powers of two (the unscaling is then one exact multiply)
     ones: list[torch.Tensor | None] | None = None  # each member's one-scale buffer, as of quantizer change count ...
-    ones_count: int = -1                            # ... this (in-place updates keep the buffers; changes.COUNT)
+    ones_count: int = -1                            # ... this (in-place updates keep the buffers; changes.STRUCTURE)
     kept_scales: torch.Tensor | None = None  # CPU: the last step's per-tensor scales (int32 bits) ...
     kept_scale: torch.Tensor | None = None   # ... and the per-weight scale spread from them
     scale_kept: bool = False                 # this step's scales are the last step's, bit for bit
@@ -155,8 +155,8 @@ class _Group:
     def scales(self) -> torch.Tensor:
         """Each tracked weight's scale: one scale per tensor spread over its weights in one op (the common case),
         else tensor by tensor (channel and block scaling)."""
-        if self.ones_count != changes.COUNT[0]:  # a buffer replaced or a spec changed moves the count
-            self.ones, self.ones_count = [m.one_scale() for m in self.members], changes.COUNT[0]
+        if self.ones_count != changes.STRUCTURE[0]:  # a buffer replaced or a spec changed moves the count
+            self.ones, self.ones_count = [m.one_scale() for m in self.members], changes.STRUCTURE[0]
         ones = self.ones
         self.scale_kept = False
         if all(s is not None for s in ones):
@@ -197,7 +197,7 @@ class FlipCallback(Instrument):
         self._restored: dict[str, Any] = {}  # per-layer history from a checkpoint, applied once the groups exist
         self._hooks: list[Any] = []
         self._pending = False
-        self._seen_count = -1  # changes.COUNT when _stale last found every format as grouped
+        self._seen_count = -1  # changes.STRUCTURE when _stale last found every format as grouped
         self.latest: dict[str, dict[str, float]] = {}  # layer → last logged metrics (read by FallbackCallback)
         self._all_stall: list[float] = []
         self._all_flip: list[float] = []
@@ -252,12 +252,12 @@ class FlipCallback(Instrument):
 
     def _stale(self) -> bool:
         """True when a layer's weight format changed (e.g. a format fallback) since the groups were built; looked at
-        only when a quantizer changed since the last look (a new spec moves changes.COUNT)."""
-        if self._seen_count == changes.COUNT[0]:
+        only when a quantizer changed since the last look (a new spec moves changes.STRUCTURE)."""
+        if self._seen_count == changes.STRUCTURE[0]:
             return False
         stale = any(g.spec_key[:2] != (m.layer.weight_q.spec.format, m.layer.weight_q.spec.overflow)
                     for g in self.groups for m in g.members)
-        self._seen_count = -1 if stale else changes.COUNT[0]
+        self._seen_count = -1 if stale else changes.STRUCTURE[0]
         return stale
 
     # -- per step ------------------------------------------------------------------------------------------------

@@ -139,6 +139,6 @@ def quantize_linears(model: nn.Module, resolved: Mapping[str, "ResolvedLayer"], 
         ql = QuantLinear(module, name, spec.weight, spec.input, spec.grad, tied=spec.tied, kernel=kernel)
         ql.to(device=module.weight.device)
         setattr(parent, child, ql)
-        changes.COUNT[0] += 1  # the model's structure changed: layer lists cached from it are stale
+        changes.moved()  # the model's structure changed: layer lists cached from it are stale
         swapped[name] = ql
     return swapped

@@ -52,3 +52,33 @@ def test_a_models_lists_go_with_it():
     del model
     gc.collect()
     assert not any(key[1] == key_id for key in base._WALKS)
+
+
+def test_the_statistics_switch_and_eval_mode_keep_the_lists(monkeypatch):
+    # a logging step switches every quantizer's statistics on and the next step off, and validation puts the model in
+    # eval mode: none of it changes which layers or quantizers there are, so the module tree is not walked again
+    # (the one-node call's plans still see the switch: changes.COUNT moves)
+    from altgrad.quant import changes
+    from altgrad.quant.fake_quant import set_track_stats
+
+    model = tiny_gpt()
+    first = cached(model)
+    walks = []
+    named_modules = type(model).named_modules
+
+    def counting(self, *args, **kwargs):
+        walks.append(1)
+        return named_modules(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(model), "named_modules", counting)
+    count = changes.COUNT[0]
+    quantizers = [q for _, _, q in quantizer_roles(model)]
+    set_track_stats(quantizers, True)
+    model.eval()
+    model.train()
+    set_track_stats(quantizers, False)
+    assert changes.COUNT[0] > count
+    assert cached(model) == first and walks == []
+    switch_format(quantizers[0], get_format("e5m2"))  # a new spec is a change of what the lists hold
+    again = cached(model)
+    assert walks and again == fresh(model)
