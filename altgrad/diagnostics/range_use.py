@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 
@@ -39,3 +40,27 @@ def _native_ends(x: torch.Tensor, road: str) -> torch.Tensor | None:
     on the CPU, an empty tensor, no kernel built)."""
     k = native.serving(road) if x.numel() and native.takes(x) else None
     return None if k is None else native.magnitude_range(k, x)
+
+
+def range_uses(xs: Sequence[torch.Tensor], fmts: Sequence, kernels: Sequence[str]) -> torch.Tensor:
+    """``range_use`` of each tensor as one float32 vector, in order. Where the native pass reads every tensor's two
+    ends, the arithmetic after it runs on all of them at once, format by format: it is elementwise (and the division
+    by a format's octaves the same scalar op), so each value is the one ``range_use`` gives (tested bit for bit)."""
+    if not xs:
+        return torch.empty(0)
+    ends = [_native_ends(x, k) for x, k in zip(xs, kernels)]
+    if any(e is None for e in ends):
+        return torch.stack([range_use(x, f, k) for x, f, k in zip(xs, fmts, kernels)])
+    both = torch.stack(ends)
+    amax, amin = both[:, 0], both[:, 1]
+    octaves = torch.where(amax > 0, torch.log2(amax / amin), 0.0)
+    by_format: dict = {}
+    for i, fmt in enumerate(fmts):
+        by_format.setdefault(fmt, []).append(i)
+    if len(by_format) == 1:
+        return octaves / format_octaves(fmts[0])
+    out = torch.empty_like(octaves)
+    for fmt, members in by_format.items():
+        index = torch.tensor(members)
+        out[index] = octaves[index] / format_octaves(fmt)
+    return out

@@ -355,3 +355,27 @@ def test_segmented_counts_equal_per_tensor_counts():
         expected, expected_last = flip_counts(*part)
         assert counts[i].tolist() == pytest.approx(expected.tolist(), abs=1e-6)
         assert torch.equal(last[segments == i], expected_last)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_range_uses_are_each_tensors_range_use(seed):
+    """Many tensors at once (the stability instrument's logging step): each value bit for bit the one range_use gives
+    alone, with zeros, infinities, NaN, an all-zero and a one-value tensor, in one format and in two interleaved."""
+    from altgrad.diagnostics.range_use import range_uses
+
+    g = torch.Generator().manual_seed(seed)
+    xs = []
+    for n in (257, 40, 1, 3, 1000, 17, 64):
+        x = torch.randn(n, generator=g) * torch.exp2(torch.randint(-40, 40, (n,), generator=g).float())
+        if n > 20:
+            x[torch.randint(0, n, (6,), generator=g)] = torch.tensor([0.0, 0.0, float("inf"), float("-inf"),
+                                                                        float("nan"), 0.0])
+        xs.append(x)
+    xs += [torch.zeros(5), torch.full((4,), 3.0)]
+    one = get_format(("e4m3", "e5m2", "e3m4", "e7m0")[seed % 4])
+    for fmts in ([one] * len(xs), [get_format("e4m3") if i % 2 else get_format("e5m2") for i in range(len(xs))]):
+        for kernel in ("auto", "eager"):
+            got = range_uses(xs, fmts, [kernel] * len(xs))
+            assert got.dtype == torch.float32 and got.shape == (len(xs),)
+            alone = torch.stack([range_use(x, f, kernel) for x, f in zip(xs, fmts)])
+            assert torch.equal(got.view(torch.int32), alone.view(torch.int32))
