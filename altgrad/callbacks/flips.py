@@ -36,6 +36,8 @@ from altgrad.quant.fake_quant import kept_scale
 from altgrad.quant.layers import QuantLinear
 
 _fused_counts = fused(segment_flip_counts)
+FOLD_AT = 256
+"""Steps whose sums wait unread at most (a long logging interval folds them on the way: the same bits)."""
 
 
 @dataclass
@@ -352,6 +354,8 @@ class FlipCallback(Instrument):
                 # with the accumulators' updates for all the steps since the last read (``fold``)
                 sums, g.last_direction = native.flip_sums(k, q_before, q_after, intended, g.last_direction, g.starts)
                 g.unfolded.append(sums)
+                if len(g.unfolded) >= FOLD_AT:
+                    g.fold(self.momentum)
             else:
                 counts, g.last_direction = _fused_counts(q_before, q_after, intended, g.last_direction, g.segments,
                                                          len(g.members), compiled=kernel != "eager")

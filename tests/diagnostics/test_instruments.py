@@ -12,6 +12,7 @@ from altgrad.callbacks.attention import AttentionCallback
 from altgrad.callbacks.activations import ActivationCallback
 from altgrad.callbacks.bits import BitsCallback
 from altgrad.callbacks.fallback import FallbackCallback
+from altgrad.callbacks import flips
 from altgrad.callbacks.flips import FlipCallback
 from altgrad.callbacks.range_clip import RangeClipCallback
 from altgrad.callbacks.rank import RankCallback
@@ -256,7 +257,8 @@ def test_flips_over_steps_whose_scale_moves_and_stays():
 
 
 @pytest.mark.skipif(native.kernel() is None, reason="no C++ compiler here")
-def test_flip_accumulators_folded_when_read_are_the_step_by_step_ones(monkeypatch):
+@pytest.mark.parametrize("fold_at", [256, 3])  # 3: a long interval folds on the way, before it is read
+def test_flip_accumulators_folded_when_read_are_the_step_by_step_ones(monkeypatch, fold_at):
     # the native path keeps each step's sums and adds them to the accumulators only when they are read (a logging
     # step, a checkpoint): the interval counts, the descent cosine and the oscillation EMA must be the bits of
     # adding every step as it came (counts_from_sums, then acc and ema_update, one step at a time)
@@ -269,6 +271,7 @@ def test_flip_accumulators_folded_when_read_are_the_step_by_step_ones(monkeypatc
         return out
 
     monkeypatch.setattr(native, "flip_sums", recording)
+    monkeypatch.setattr(flips, "FOLD_AT", fold_at)
     module, fc = one_layer(weight=QuantSpec(get_format("e4m3"), scaling=ScalingSpec(kind="tensor")), shape=(8, 16))
     torch.manual_seed(5)
     opt = torch.optim.SGD([fc.weight], lr=1.0)
@@ -293,7 +296,8 @@ def test_flip_accumulators_folded_when_read_are_the_step_by_step_ones(monkeypatc
             assert logged["flips/fc/weight/descent_cos"] == acc[0, 3].item() / acc[0, 4].item()
             assert logged["flips/fc/weight/oscillation_rate"] == ema_debiased(ema.item(), 0.3, step)
             acc.zero_()
-    assert len(sums_seen) == 10 and cb.groups[0].unfolded  # the native path ran; steps 9 and 10 wait unread
+    assert len(sums_seen) == 10  # the native path ran
+    assert len(cb.groups[0].unfolded) == 2  # steps 9 and 10 wait unread (fold_at 3: steps 1–3 were folded on the way)
     cb.on_train_end(trainer, module)
 
 
