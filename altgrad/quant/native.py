@@ -82,16 +82,16 @@ def _library_path(compiler_path: str) -> Path:
     return cache_dir() / f"quant-{key}.so"
 
 
-def _build(compiler_path: str, target: Path) -> None:
+def _build(compiler_path: str, target: Path, flags: tuple[str, ...] = FLAGS) -> None:
     """Compile SOURCE (with the generated kernel_abi.h) into ``target`` atomically (a temporary file in the same
-    folder, then a rename)."""
+    folder, then a rename); ``flags``: FLAGS, or a variant of them (the tests build the eight-lane road too)."""
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=target.stem + ".", suffix=".tmp", dir=target.parent)
     os.close(fd)
     try:
         with tempfile.TemporaryDirectory(prefix="altgrad-abi-") as include:
             Path(include, "kernel_abi.h").write_text(kernel_abi.header())
-            done = subprocess.run([compiler_path, *FLAGS, "-I", include, "-o", tmp, str(SOURCE)],
+            done = subprocess.run([compiler_path, *flags, "-I", include, "-o", tmp, str(SOURCE)],
                                   capture_output=True, text=True)
         if done.returncode != 0:
             raise RuntimeError(f"{compiler_path} exited with {done.returncode}: {done.stderr.strip()[-2000:]}")

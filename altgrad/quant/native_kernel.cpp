@@ -9,8 +9,10 @@
 // ``bit_round`` variants, the bias-and-mask road with the subnormal one-add; stochastic and toward-zero cut the
 // normal region's bits and rebuild the fixed-point region below the smallest normal from k = floor(|x| / q)
 // (stochastic: + 1 when frac(|x| / q) > u, u from a counter-based hash of (seed, element index)). Then saturation
-// or overflow, the sign and NaN. Eight lanes at a time with AVX2; the last n mod 8 elements (and every element where
-// the compiler targets no AVX2) take the scalar twin ``round1``, so both are exercised by the exactness tests.
+// or overflow, the sign and NaN. Sixteen lanes at a time where the compiler targets AVX-512 (``round16``), then eight
+// with AVX2 (``round8``); the last elements (and every element where the compiler targets no AVX2) take the scalar
+// twin ``round1``, so every road is exercised by the exactness tests. Where several threads are given, a call's
+// elements are split into one contiguous part per thread (``parts_for``).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -185,6 +187,93 @@ inline __m256i round8(__m256i bits, __m256i r, const Vec& p, bool q_road) {
 inline int count(__m256i mask) { return __builtin_popcount(static_cast<unsigned>(_mm256_movemask_ps(vf(mask)))); }
 #endif
 
+#if defined(KERNEL_AVX2) && defined(__AVX512F__) && defined(__AVX512DQ__)
+#define KERNEL_AVX512 1
+// Sixteen lanes with AVX-512 (where the compiler targets it): round8's operations lane for lane on 512-bit vectors,
+// the blends and counts on mask registers. Integer, compare, floor, convert and correctly rounded float operations
+// give the same bits at any width, so round16 is round8 twice (tests/quant/test_native.py builds the kernel
+// without AVX-512 too and compares both roads bit for bit).
+struct Vec16 {
+  __m512i shift, low, not_low, half, lsb, flip, max, ovf, ovf_inf, magic, emin, emin_less1, emax, cshift;
+  __m512 y1, y2, q;
+};
+
+inline __m512 wf(__m512i v) { return _mm512_castsi512_ps(v); }
+inline __m512i wi(__m512 v) { return _mm512_castps_si512(v); }
+inline __m512i wsplat(int32_t v) { return _mm512_set1_epi32(v); }
+
+Vec16 vec16_params(const int32_t* p) {
+  const int32_t qexp = ((p[P_MAGIC] >> 23) & 0xFF) - 127 - 23;
+  const int32_t q_bits = qexp >= -126 ? (qexp + 127) << 23 : 0;
+  return Vec16{wsplat(p[P_SHIFT]), wsplat(p[P_LOW]), wsplat(~p[P_LOW]), wsplat(p[P_HALF]), wsplat(p[P_LSB]),
+               wsplat(p[P_FLIP]), wsplat(p[P_MAX]), wsplat(p[P_OVF]), wsplat(p[P_OVF_INF]), wsplat(p[P_MAGIC]),
+               wsplat(p[P_EMIN_BITS]), wsplat(p[P_EMIN_BITS] - 1), wsplat(p[P_EMAX_BITS]), wsplat(p[P_CSHIFT]),
+               wf(wsplat(p[P_Y1])), wf(wsplat(p[P_Y2])), wf(wsplat(q_bits))};
+}
+
+inline __m512i mix32(__m512i h) {
+  h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
+  h = _mm512_mullo_epi32(h, wsplat(static_cast<int32_t>(0x85EBCA6Bu)));
+  h = _mm512_xor_si512(h, _mm512_srli_epi32(h, 13));
+  h = _mm512_mullo_epi32(h, wsplat(static_cast<int32_t>(0xC2B2AE35u)));
+  return _mm512_xor_si512(h, _mm512_srli_epi32(h, 16));
+}
+
+template <int kRounding, int kFlags>
+inline __m512i round16(__m512i bits, __m512i r, const Vec16& p, bool q_road) {
+  const __m512i sign = _mm512_and_si512(bits, wsplat(INT32_MIN));
+  const __m512i a0 = _mm512_and_si512(bits, wsplat(kAbs));
+  __m512i m;
+  if constexpr (kRounding == NEAREST && !(kFlags & BIT_ROUND)) {
+    const __m512i e = _mm512_min_epi32(_mm512_max_epi32(_mm512_and_si512(a0, wsplat(kExp)), p.emin), p.emax);
+    const __m512 c = wf(_mm512_add_epi32(e, p.cshift));
+    m = wi(_mm512_sub_ps(_mm512_add_ps(wf(a0), c), c));
+  } else {
+    __m512i normal, sub;
+    if constexpr (kRounding == NEAREST) {
+      __m512i parity = _mm512_srav_epi32(a0, p.shift);
+      if constexpr (kFlags & TIE_FLIP) parity = _mm512_xor_si512(parity, p.flip);
+      const __m512i bias = _mm512_add_epi32(p.half, _mm512_and_si512(parity, p.lsb));
+      normal = _mm512_and_si512(_mm512_add_epi32(a0, bias), p.not_low);
+      const __m512 c = wf(p.magic);
+      sub = wi(_mm512_sub_ps(_mm512_add_ps(wf(a0), c), c));
+    } else {
+      const __m512i cut = kRounding == STOCHASTIC ? _mm512_add_epi32(a0, _mm512_and_si512(r, p.low)) : a0;
+      normal = _mm512_and_si512(cut, p.not_low);
+      __m512 y = _mm512_mul_ps(wf(a0), p.y1);
+      if constexpr (kFlags & WIDE_QUANTUM) y = _mm512_mul_ps(y, p.y2);
+      const __m512 yi = _mm512_roundscale_ps(y, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);  // floor
+      __mmask16 up = 0;  // where k = floor(y) takes + 1
+      if constexpr (kRounding == STOCHASTIC) {
+        const __m512 u = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(r, 8)), _mm512_set1_ps(0x1p-24f));
+        up = _mm512_cmp_ps_mask(_mm512_sub_ps(y, yi), u, _CMP_GT_OQ);
+      }
+      if (q_road) {  // k·q + (q where up): both terms exact, as in round8
+        sub = wi(_mm512_fmadd_ps(yi, p.q, _mm512_maskz_mov_ps(up, p.q)));
+      } else {
+        const __m512i k0 = _mm512_cvttps_epi32(yi);
+        const __m512i k = _mm512_mask_add_epi32(k0, up, k0, wsplat(1));
+        sub = wi(_mm512_sub_ps(wf(_mm512_add_epi32(p.magic, k)), wf(p.magic)));
+      }
+    }
+    m = _mm512_mask_blend_epi32(_mm512_cmpgt_epi32_mask(a0, p.emin_less1), sub, normal);
+  }
+  if constexpr (kFlags & SATURATES) {
+    m = _mm512_min_epi32(m, p.max);
+  } else {
+    const __m512i special = _mm512_mask_blend_epi32(_mm512_cmpgt_epi32_mask(a0, wsplat(kInf - 1)), p.ovf, p.ovf_inf);
+    m = _mm512_mask_blend_epi32(_mm512_cmpgt_epi32_mask(m, p.max), m, special);
+  }
+  __m512i out;
+  if constexpr (kFlags & ZERO_SIGN) {
+    out = _mm512_mask_or_epi32(m, _mm512_test_epi32_mask(m, m), m, sign);
+  } else {
+    out = _mm512_or_si512(m, sign);
+  }
+  return _mm512_mask_blend_epi32(_mm512_cmpgt_epi32_mask(a0, wsplat(kInf)), out, wsplat(kNan));
+}
+#endif
+
 // What one pass over the elements needs besides the data.
 struct Pass {
   const int32_t* x;
@@ -229,10 +318,76 @@ inline void one(const Pass& w, int64_t i, Counts& c) {
   }
 }
 
-// Elements [begin, end) (begin a multiple of 8).
+#ifdef KERNEL_AVX512
+// Elements [i, i + 16·k) of span, sixteen at a time; returns where it stopped. Counts are added to ``c``.
+template <int kRounding, int kFlags>
+int64_t span16(const Pass& w, int64_t i, int64_t end, Counts& c) {
+  const Vec16 p = vec16_params(w.p);
+  const bool q_road = !(kFlags & WIDE_QUANTUM) && as_i(_mm512_cvtss_f32(p.q)) != 0;
+  __m512 s = _mm512_set1_ps(w.s), inv = _mm512_set1_ps(w.inv_s);
+  const __m512 mx = _mm512_set1_ps(w.max), mn = _mm512_set1_ps(w.min_normal);
+  const __m512i inf = wsplat(kInf), zero = _mm512_setzero_si512(), one = wsplat(1);
+  const __m512i step = wsplat(static_cast<int32_t>(16u * kPhi));
+  __m512i h = _mm512_add_epi32(
+      _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                         wsplat(static_cast<int32_t>(kPhi))),
+      wsplat(static_cast<int32_t>(static_cast<uint32_t>(i) * kPhi + w.key)));
+  __m512i sat = zero, zer = zero, sub = zero, nonf = zero;  // per-lane counts
+  for (; i + 16 <= end; i += 16) {
+    const __m512i xb = _mm512_loadu_si512(w.x + i);
+    const __m512i r = kRounding == STOCHASTIC ? mix32(h) : zero;
+    __m512i out;
+    if (w.scaled) {
+      if (w.s_each != nullptr) {
+        s = _mm512_loadu_ps(w.s_each + i);
+        inv = wf(_mm512_sub_epi32(wsplat(kInvPow2Bits), wi(s)));
+      }
+      const __m512i q = round16<kRounding, kFlags>(wi(_mm512_mul_ps(wf(xb), s)), r, p, q_road);
+      if (w.pow2) {
+        out = wi(_mm512_mul_ps(wf(q), inv));
+      } else {  // float64 division, rounded once to float32 (rounding.unscale)
+        const __m512 qf = wf(q);
+        const __m512d s_lo = _mm512_cvtps_pd(_mm512_castps512_ps256(s));
+        const __m512d s_hi = _mm512_cvtps_pd(_mm512_extractf32x8_ps(s, 1));
+        const __m256 lo = _mm512_cvtpd_ps(_mm512_div_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(qf)), s_lo));
+        const __m256 hi = _mm512_cvtpd_ps(_mm512_div_pd(_mm512_cvtps_pd(_mm512_extractf32x8_ps(qf, 1)), s_hi));
+        out = wi(_mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1));
+      }
+    } else {
+      out = round16<kRounding, kFlags>(xb, r, p, q_road);
+    }
+    _mm512_storeu_si512(w.y + i, out);
+    if (w.stats) {
+      const __m512i ax = _mm512_and_si512(xb, wsplat(kAbs)), ya = _mm512_and_si512(out, wsplat(kAbs));
+      const __mmask16 finite = _mm512_cmpgt_epi32_mask(inf, ax);
+      const __m512 axs = w.scaled ? _mm512_mul_ps(wf(ax), s) : wf(ax);
+      sat = _mm512_mask_add_epi32(sat, finite & _mm512_cmp_ps_mask(axs, mx, _CMP_GT_OQ), sat, one);
+      zer = _mm512_mask_add_epi32(
+          zer, finite & _mm512_cmpgt_epi32_mask(ax, zero) & _mm512_cmpeq_epi32_mask(ya, zero), zer, one);
+      const __m512 yas = w.scaled ? _mm512_mul_ps(wf(ya), s) : wf(ya);
+      const __mmask16 below = _mm512_cmpgt_epi32_mask(inf, ya) & _mm512_cmp_ps_mask(yas, mn, _CMP_LT_OQ);
+      sub = _mm512_mask_add_epi32(sub, below & _mm512_test_epi32_mask(ya, ya), sub, one);
+      nonf = _mm512_mask_add_epi32(nonf, static_cast<__mmask16>(~finite), nonf, one);
+    }
+    h = _mm512_add_epi32(h, step);
+  }
+  if (w.stats) {  // each lane counts at most n / 16 < 2^27 elements
+    c.saturated += _mm512_reduce_add_epi32(sat);
+    c.zero += _mm512_reduce_add_epi32(zer);
+    c.subnormal += _mm512_reduce_add_epi32(sub);
+    c.nonfinite += _mm512_reduce_add_epi32(nonf);
+  }
+  return i;
+}
+#endif
+
+// Elements [begin, end): sixteen lanes at a time where the build has AVX-512, then eight, then one by one.
 template <int kRounding, int kFlags>
 void span(const Pass& w, int64_t begin, int64_t end, Counts& c) {
   int64_t i = begin;
+#ifdef KERNEL_AVX512
+  i = span16<kRounding, kFlags>(w, i, end, c);
+#endif
 #ifdef KERNEL_AVX2
   const Vec p = vec_params(w.p);
   const bool q_road = !(kFlags & WIDE_QUANTUM) && as_i(p.q[0]) != 0;
@@ -242,7 +397,7 @@ void span(const Pass& w, int64_t begin, int64_t end, Counts& c) {
   const __m256i step = splat(static_cast<int32_t>(8u * kPhi));
   __m256i h = _mm256_add_epi32(
       _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), splat(static_cast<int32_t>(kPhi))),
-      splat(static_cast<int32_t>(static_cast<uint32_t>(begin) * kPhi + w.key)));
+      splat(static_cast<int32_t>(static_cast<uint32_t>(i) * kPhi + w.key)));
   __m256i sat = zero, zer = zero, sub = zero, nonf = zero;  // per-lane counts (negated: a true mask is −1)
   for (; i + 8 <= end; i += 8) {
     const __m256i xb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.x + i));
@@ -282,7 +437,7 @@ void span(const Pass& w, int64_t begin, int64_t end, Counts& c) {
     }
     h = _mm256_add_epi32(h, step);
   }
-  if (w.stats) {  // a chunk holds at most 2^15 elements: no lane count overflows
+  if (w.stats) {  // each lane counts at most n / 8 < 2^28 elements
     alignas(32) int32_t lanes[4][8];
     _mm256_store_si256(reinterpret_cast<__m256i*>(lanes[0]), sat);
     _mm256_store_si256(reinterpret_cast<__m256i*>(lanes[1]), zer);
@@ -304,15 +459,28 @@ int threads_for(int64_t n, int threads) {
   return static_cast<int>(threads < chunks ? threads : chunks);
 }
 
+// A quantizer call's work split: one contiguous part per thread, of equal size (to 16 elements), at least kMinPart
+// elements each (below that a fork costs more than it saves). Element i's bits depend on i alone (the hash counts
+// elements, the counts are integers, amax a max), so any split gives the same bits.
+constexpr int64_t kMinPart = 1 << 13;
+
+int parts_for(int64_t n, int threads) {
+  const int64_t most = n / kMinPart;
+  return static_cast<int>(most < threads ? (most < 1 ? 1 : most) : threads);
+}
+
+inline int64_t part_start(int64_t n, int parts, int64_t k) {
+  return k >= parts ? n : (n * k / parts) & ~int64_t{15};
+}
+
 template <int kRounding, int kFlags>
 void run(const Pass& w, int64_t n, int threads, Counts& total) {
-  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  const int parts = parts_for(n, threads);
   int64_t sat = 0, zer = 0, sub = 0, nonf = 0;
-#pragma omp parallel for num_threads(threads_for(n, threads)) schedule(static) reduction(+ : sat, zer, sub, nonf) \
-    if (threads_for(n, threads) > 1)
-  for (int64_t k = 0; k < chunks; ++k) {
+#pragma omp parallel for num_threads(parts) schedule(static) reduction(+ : sat, zer, sub, nonf) if (parts > 1)
+  for (int64_t k = 0; k < parts; ++k) {
     Counts c;
-    span<kRounding, kFlags>(w, k * kChunk, (k + 1) * kChunk < n ? (k + 1) * kChunk : n, c);
+    span<kRounding, kFlags>(w, part_start(n, parts, k), part_start(n, parts, k + 1), c);
     sat += c.saturated;
     zer += c.zero;
     sub += c.subnormal;
@@ -362,14 +530,23 @@ Runner runner(int rounding, int flags) {
 
 // max |x| over the finite elements (scaling.finite_amax: on the bits, |x|'s pattern where it is below Inf's).
 int32_t amax_bits(const int32_t* x, int64_t n, int threads) {
-  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  const int parts = parts_for(n, threads);
   int32_t best = 0;
-#pragma omp parallel for num_threads(threads_for(n, threads)) schedule(static) reduction(max : best) \
-    if (threads_for(n, threads) > 1)
-  for (int64_t k = 0; k < chunks; ++k) {
-    const int64_t end = (k + 1) * kChunk < n ? (k + 1) * kChunk : n;
-    int64_t i = k * kChunk;
+#pragma omp parallel for num_threads(parts) schedule(static) reduction(max : best) if (parts > 1)
+  for (int64_t k = 0; k < parts; ++k) {
+    const int64_t end = part_start(n, parts, k + 1);
+    int64_t i = part_start(n, parts, k);
     int32_t m = 0;
+#ifdef KERNEL_AVX512
+    {
+      __m512i v = _mm512_setzero_si512();
+      for (; i + 16 <= end; i += 16) {
+        const __m512i a = _mm512_and_si512(_mm512_loadu_si512(x + i), wsplat(kAbs));
+        v = _mm512_mask_max_epi32(v, _mm512_cmpgt_epi32_mask(wsplat(kInf), a), v, a);
+      }
+      m = _mm512_reduce_max_epi32(v);
+    }
+#endif
 #ifdef KERNEL_AVX2
     __m256i v = _mm256_setzero_si256();
     for (; i + 8 <= end; i += 8) {
@@ -544,10 +721,14 @@ extern "C" {
 // The enum table this library was built with (kernel_abi.describe()): native.py checks it at load.
 const char* altgrad_abi() { return kAbi; }
 
-// Lanes of the vector road: 8 with AVX2, 1 where the build has only the scalar road.
+// Lanes of the widest vector road: 16 with AVX-512, 8 with AVX2, 1 where the build has only the scalar road.
 int altgrad_lanes() {
 #ifdef KERNEL_AVX2
+#ifdef KERNEL_AVX512
+  return 16;
+#else
   return 8;
+#endif
 #else
   return 1;
 #endif

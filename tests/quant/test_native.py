@@ -4,6 +4,7 @@ fallback to the compiled road where it cannot be built."""
 
 from __future__ import annotations
 
+import shutil
 import warnings
 
 import numpy as np
@@ -118,13 +119,76 @@ def test_a_given_scale_and_a_noncontiguous_input() -> None:
 
 
 @needs_native
-def test_threads_split_the_work_without_changing_bits() -> None:
-    """Several threads (chunks of 2^15 elements) give the single-threaded bits and statistics."""
+@pytest.mark.parametrize("threads", [2, 3])
+def test_threads_split_the_work_without_changing_bits(threads: int) -> None:
+    """Several threads (one part of the elements each, cut at a multiple of 16, none under 2^13 elements) give the
+    single-threaded bits and statistics: sizes with one part, with parts that do not divide evenly, and with a
+    scalar tail."""
     fmt = get_format("e4m3")
-    x = torch.from_numpy(random_inputs(3 * 2**15 + 5, -12, 10, 7))
-    torch.set_num_threads(2)
-    for rounding in ("nearest", "stochastic"):
-        run_both(x, fmt, rounding, "saturate", "tensor", True, 0, 42, True, state_for("tensor"))
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for n in (2**13 - 1, 2 * 2**13 + 7, 3 * 2**15 + 5):
+            x = torch.from_numpy(random_inputs(n, -12, 10, 7))
+            for rounding in ("nearest", "stochastic"):
+                run_both(x, fmt, rounding, "saturate", "tensor", True, 0, 42, True, state_for("tensor"))
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def eight_lanes(tmp_path_factory: pytest.TempPathFactory) -> native.NativeKernel:
+    """The kernel built without AVX-512: its eight-lane road over every element the sixteen-lane road takes here."""
+    k = native.kernel()
+    if k is None or k.lanes < 16:
+        pytest.skip("the kernel built here has no sixteen-lane (AVX-512) road")
+    path = tmp_path_factory.mktemp("native") / "quant-eight-lanes.so"
+    native._build(shutil.which(native._compiler()), path, (*native.FLAGS, "-mno-avx512f"))
+    narrow = native.NativeKernel(path)
+    assert narrow.lanes == 8
+    return narrow
+
+
+def _exact(ours: torch.Tensor, ref: torch.Tensor, what: str) -> None:
+    """The same float32 bit patterns, NaN payloads included."""
+    a, b = ours.reshape(-1).view(torch.int32), ref.reshape(-1).view(torch.int32)
+    bad = (a != b).nonzero().flatten()
+    assert bad.numel() == 0, f"{what}: {bad.numel()} patterns differ, first at {bad[:4].tolist()}"
+
+
+@needs_native
+@pytest.mark.parametrize("name", list_formats())
+def test_the_sixteen_lane_road_gives_the_eight_lane_roads_bits(name: str, eight_lanes: native.NativeKernel) -> None:
+    """AVX-512 against AVX2, pattern for pattern: every bf16 pattern and random values of the format's range, every
+    rounding mode and overflow policy, unscaled, tensor-scaled by a power of two or not (the float64 division),
+    with a per-element scale, with the statistics, at one and two threads."""
+    fmt = get_format(name)
+    x = torch.from_numpy(inputs_for(fmt, 4099, seed=5))
+    each = torch.exp2(torch.randint(-8, 8, x.shape, generator=torch.Generator().manual_seed(2)).float())
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            for rounding in ("nearest", "stochastic", "toward_zero"):
+                for overflow in ("saturate", "overflow"):
+                    p = kernel_params(fmt, rounding, overflow, CPU)
+                    flags = native.variant_flags(kernel_variant(fmt, rounding, overflow))
+                    for kind, pow2, margin in (("none", False, 0), ("tensor", True, 0), ("tensor", False, 2),
+                                               ("given", True, 0)):
+                        consts = scale_consts(fmt, margin, CPU)
+                        got = []
+                        for k in (native.kernel(), eight_lanes):
+                            scale = each.clone() if kind == "given" else torch.tensor(0.75)
+                            stats = None if kind == "given" else torch.full((6,), -7.0)
+                            y = native.quant_call(k, x, p, rounding, flags, 977, kind, pow2, consts, scale=scale,
+                                                  update=True, stats=stats)
+                            got.append((y, stats, scale))
+                        what = f"{name} {rounding} {overflow} {kind} pow2={pow2} threads={threads}"
+                        for ours, ref in zip(got[0], got[1]):
+                            if ours is not None:
+                                _exact(ours, ref, what)
+    finally:
+        torch.set_num_threads(before)
 
 
 @needs_native
