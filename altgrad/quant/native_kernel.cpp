@@ -37,7 +37,6 @@ namespace {
 constexpr int32_t kAbs = 0x7FFFFFFF, kInf = 0x7F800000, kNan = 0x7FC00000, kExp = 0x7F800000;
 constexpr uint32_t kPhi = 0x9E3779B1u;  // rounding.random_bits: counter i → fmix32(i·φ + key)
 constexpr int32_t kInvPow2Bits = 254 << 23;  // rounding.unscale: 1/2^k's bits = (254 << 23) − 2^k's bits
-constexpr int64_t kChunk = 1 << 15;  // elements per parallel work item (a multiple of 8)
 
 inline float as_f(int32_t v) { float f; std::memcpy(&f, &v, 4); return f; }
 inline int32_t as_i(float f) { int32_t v; std::memcpy(&v, &f, 4); return v; }
@@ -454,11 +453,6 @@ void span(const Pass& w, int64_t begin, int64_t end, Counts& c) {
   for (; i < end; ++i) one<kRounding, kFlags>(w, i, c);
 }
 
-int threads_for(int64_t n, int threads) {
-  const int64_t chunks = (n + kChunk - 1) / kChunk;
-  return static_cast<int>(threads < chunks ? threads : chunks);
-}
-
 // A quantizer call's work split: one contiguous part per thread, of equal size (to 16 elements), at least kMinPart
 // elements each (below that a fork costs more than it saves). Element i's bits depend on i alone (the hash counts
 // elements, the counts are integers, amax a max), so any split gives the same bits.
@@ -703,11 +697,11 @@ inline void stiff_adam8(const Step& c, float* w, const float* g, float* m, float
 
 template <int kStiff, bool kOnUpdate>
 void stiff_adam(const Step& c, float* w, const float* g, float* m, float* v, int64_t n, int threads) {
-  const int64_t chunks = (n + kChunk - 1) / kChunk;
-#pragma omp parallel for num_threads(threads_for(n, threads)) schedule(static) if (threads_for(n, threads) > 1)
-  for (int64_t k = 0; k < chunks; ++k) {
-    const int64_t end = (k + 1) * kChunk < n ? (k + 1) * kChunk : n;
-    int64_t i = k * kChunk;
+  const int parts = parts_for(n, threads);  // each element's step is its own: any split gives the same bits
+#pragma omp parallel for num_threads(parts) schedule(static) if (parts > 1)
+  for (int64_t k = 0; k < parts; ++k) {
+    const int64_t end = part_start(n, parts, k + 1);
+    int64_t i = part_start(n, parts, k);
 #ifdef STEP_AVX2
     for (; i + 8 <= end; i += 8) stiff_adam8<kStiff, kOnUpdate>(c, w, g, m, v, i);
 #endif
