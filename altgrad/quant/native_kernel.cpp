@@ -460,7 +460,8 @@ constexpr int64_t kMinPart = 1 << 13;
 
 int parts_for(int64_t n, int threads) {
   const int64_t most = n / kMinPart;
-  return static_cast<int>(most < threads ? (most < 1 ? 1 : most) : threads);
+  const int64_t parts = most < threads ? most : threads;
+  return static_cast<int>(parts < 1 ? 1 : parts);  // one part at least, whatever ``threads`` the caller passes
 }
 
 inline int64_t part_start(int64_t n, int parts, int64_t k) {

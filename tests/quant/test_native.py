@@ -136,6 +136,28 @@ def test_threads_split_the_work_without_changing_bits(threads: int) -> None:
         torch.set_num_threads(before)
 
 
+@needs_native
+def test_a_thread_count_under_one_runs_the_call_on_one_thread() -> None:
+    """The library takes any int for its thread count: 0 and −1 give the one-thread output, amax and scale."""
+    fmt = get_format("e4m3")
+    k = native.kernel()
+    n = 3 * 2**15 + 5
+    x = torch.from_numpy(random_inputs(n, -12, 10, 7))
+    p = kernel_params(fmt, "nearest", "saturate", CPU)
+    flags = native.variant_flags(kernel_variant(fmt, "nearest", "saturate"))
+    consts = scale_consts(fmt, 0, CPU)
+    got = []
+    for threads in (1, 0, -1):
+        y, scale, stats = torch.empty_like(x), torch.tensor(1.0), torch.zeros(6)
+        rc = k.call(x.data_ptr(), y.data_ptr(), n, p.data_ptr(), 0, flags, 0, native.KINDS["tensor"], 1,
+                    consts.data_ptr(), scale.data_ptr(), None, 0, 1, 1, stats.data_ptr(), threads, None)
+        assert rc == 0
+        got.append((y, scale, stats))
+    for threads, other in zip((0, -1), got[1:]):
+        for ours, ref in zip(other, got[0]):
+            _exact(ours, ref, f"threads={threads}")
+
+
 @pytest.fixture(scope="module")
 def eight_lanes(tmp_path_factory: pytest.TempPathFactory) -> native.NativeKernel:
     """The kernel built without AVX-512: its eight-lane road over every element the sixteen-lane road takes here."""
