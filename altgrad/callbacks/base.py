@@ -18,7 +18,7 @@ from torch import nn
 
 from altgrad.callbacks.wandb_values import no_pandas_probe
 from altgrad.quant import changes
-from altgrad.quant.layers import QuantLinear
+from altgrad.quant.layers import QuantLinear, iter_quant_linears
 
 
 def metric_name(group: str, layer: str, role: str, metric: str) -> str:
@@ -57,6 +57,11 @@ def linear_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """Every Linear of the model, quantized (QuantLinear) or not, with its qualified name, in module order."""
     return _walked("linear", model, lambda model: [(n, m) for n, m in model.named_modules()
                                                    if isinstance(m, (QuantLinear, nn.Linear))])
+
+
+def quant_linears(model: nn.Module) -> list[tuple[str, QuantLinear]]:
+    """Every QuantLinear of the model with its qualified name, in module order (layers.iter_quant_linears, kept)."""
+    return _walked("quant_linears", model, lambda model: list(iter_quant_linears(model)))
 
 
 def quantized_weights(model: nn.Module) -> list[tuple[str, QuantLinear]]:

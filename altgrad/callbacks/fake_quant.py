@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from altgrad.atomic import write_json
+from altgrad.callbacks.base import quant_linears
 from altgrad.config import QuantSchema
 from altgrad.errors import ConfigError
 from altgrad.quant.fake_quant import GradQuantizer, StatsRecord, TensorQuantizer, set_track_stats
@@ -151,7 +152,7 @@ class FakeQuantCallback(L.Callback):
         run repeats the same draws.
         """
         rounding = rounding or self.storage_rounding
-        for index, (_, ql) in enumerate(iter_quant_linears(model)):
+        for index, (_, ql) in enumerate(quant_linears(model)):
             if ql.weight_q is None or ql.tied:
                 continue  # tied weights (lm_head ↔ wte) are quantized in the forward pass only
             seed = (self.seed * 1_000_003 + step * 7919 + index) & 0x7FFFFFFF

@@ -195,6 +195,8 @@ class _StatsMarker:
 # Quantizer → (spec, kernel choice, scaler, stats, *scaler state, track_stats its plan writes for, the plan or None):
 # see Quantizer.native_plan
 _PLANS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# TensorQuantizer → (spec, kernel choice, scaler, scaler state, {rounding: plan or None}): see storage_plan
+_STORAGE_PLANS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 class Quantizer(_StatsMarker, Watched):
@@ -292,20 +294,24 @@ class Quantizer(_StatsMarker, Watched):
                 plan.set_stats(stats if on else None)
                 _PLANS[self] = (*cached[:-2], on, plan)
             return plan
-        plan = None
-        if self._buffers_native():
-            spec = self.spec
-            sc = spec.scaling
-            cpu = torch.device("cpu")
-            plan = native.plan(
-                native.require() if self.kernel == "native" else native.kernel(),
-                kernel_params(spec.format, spec.rounding, spec.overflow, cpu), spec.rounding,
-                native.variant_flags(kernel_variant(spec.format, spec.rounding, spec.overflow)), sc.kind, sc.pow2,
-                scale_consts(spec.format, sc.margin, cpu), scale=state[-1] if state else None,
-                history=state[0] if sc.kind == "delayed" else None, reduce_max=sc.reduce == "max",
-                stats=stats if self.track_stats else None, holds=(stats, *state))
+        plan = self._resolve_plan(self.spec.rounding, stats if self.track_stats else None, (stats, *state))
         _PLANS[self] = (self.spec, self.kernel, scaler, stats, *state, self.track_stats, plan)
         return plan
+
+    def _resolve_plan(self, rounding: str, stats: torch.Tensor | None, holds: tuple) -> object | None:
+        """native.plan for this quantizer's spec, scaler state and ``rounding``, writing ``stats`` (None: none); None
+        where the kernel may not write the buffers in place."""
+        if not self._buffers_native():
+            return None
+        spec, state = self.spec, self.scaler.state()
+        sc, cpu = spec.scaling, torch.device("cpu")
+        return native.plan(
+            native.require() if self.kernel == "native" else native.kernel(),
+            kernel_params(spec.format, rounding, spec.overflow, cpu), rounding,
+            native.variant_flags(kernel_variant(spec.format, rounding, spec.overflow)), sc.kind, sc.pow2,
+            scale_consts(spec.format, sc.margin, cpu), scale=state[-1] if state else None,
+            history=state[0] if sc.kind == "delayed" else None, reduce_max=sc.reduce == "max", stats=stats,
+            holds=holds)
 
     def node_plan(self) -> object | None:
         """The extension's ``Plan`` QuantLinear's C++ node calls for this quantizer, or None where its calls take
@@ -384,6 +390,23 @@ class TensorQuantizer(Quantizer):
         s = self._scale(x, update=False)
         return torch.ones((), dtype=torch.float32, device=x.device) if s is None else s
 
+    def storage_plan(self, rounding: str) -> object | None:
+        """The native call ``project_`` makes for ``rounding`` (no statistics, scaler state read only), resolved once
+        per rounding and again only when the spec, kernel choice, scaler or its buffers change (as ``native_plan``);
+        None where the kernel may not write the buffers in place."""
+        d = self.__dict__
+        scaler = d["_modules"]["scaler"]
+        state = scaler.state()
+        cached = _STORAGE_PLANS.get(self)
+        if (cached is None or cached[0] is not d["spec"] or cached[1] != d["kernel"] or cached[2] is not scaler
+                or len(cached[3]) != len(state) or any(a is not b for a, b in zip(cached[3], state))):
+            cached = (d["spec"], d["kernel"], scaler, state, {})
+            _STORAGE_PLANS[self] = cached
+        plans = cached[4]
+        if rounding not in plans:
+            plans[rounding] = self._resolve_plan(rounding, None, state)
+        return plans[rounding]
+
     @torch.no_grad()
     def project_(self, w: torch.Tensor, rounding: str | None = None, seed: int | None = None) -> torch.Tensor:
         """Put w itself on the grid {v / s} in place (weights stored without an fp32 master); returns w.
@@ -392,18 +415,16 @@ class TensorQuantizer(Quantizer):
         """
         spec = self.spec
         rounding = rounding or spec.rounding
-        seed = draw_seed(w.device, seed=seed) if rounding == "stochastic" else None
-        if self.road == "native" and native.takes(w) and self._buffers_native():
-            # one kernel call: the scale the next forward uses (scaler state read, not updated) and the rounding
-            sc, state, fmt, cpu = spec.scaling, self.scaler.state(), spec.format, torch.device("cpu")
-            y = native.quant_call(
-                native.require() if self.kernel == "native" else native.kernel(), w,
-                kernel_params(fmt, rounding, spec.overflow, cpu), rounding,
-                native.variant_flags(kernel_variant(fmt, rounding, spec.overflow)), seed, sc.kind, sc.pow2,
-                scale_consts(fmt, sc.margin, cpu), scale=state[-1] if state else None,
-                history=state[0] if sc.kind == "delayed" else None, reduce_max=sc.reduce == "max", update=False)
-            if y is not None:
-                return w.copy_(y)
+        drawn = draw_seed(w.device) if rounding == "stochastic" and seed is None else None  # one draw, either road
+        if self.road == "native" and native.native_contiguous(w):
+            # one kernel call writing w in place: the scale the next forward uses (scaler state read, not updated)
+            # and the rounding; a given seed is draw_seed's value without the tensor
+            plan = self.storage_plan(rounding)
+            if plan is not None:
+                s = None if rounding != "stochastic" else int(drawn) if drawn is not None else int(seed) & 0x7FFFFFFF
+                if plan(w, s, False, out=w) is not None:
+                    return w
+        seed = None if rounding != "stochastic" else drawn if drawn is not None else draw_seed(w.device, seed=seed)
         scale = self._scale(w, update=False)
         w.copy_(quantize_scaled(w, spec.format, scale, rounding, spec.overflow, seed=seed,
                                 scale_pow2=spec.scaling.powers_of_two, kernel=self.call_kernel))

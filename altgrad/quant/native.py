@@ -340,23 +340,31 @@ def quant_call(k: NativeKernel, x: torch.Tensor, params: torch.Tensor, rounding:
     return y
 
 
-def _operands(x: torch.Tensor) -> tuple[torch.Tensor, int, torch.Tensor] | None:
-    """x made contiguous (the caller holds it: the pointer is into it, possibly a copy), its data pointer and a fresh
-    float32 output of x's shape; None where x has no storage of its own (vmap / grad transforms)."""
+def _operands(x: torch.Tensor, out: torch.Tensor | None = None) -> tuple[torch.Tensor, int, torch.Tensor] | None:
+    """x made contiguous (the caller holds it: the pointer is into it, possibly a copy), its data pointer and the
+    float32 output: ``out`` (checked: contiguous, x's element count; x itself may be it) or a fresh tensor of x's
+    shape; None where x has no storage of its own (vmap / grad transforms)."""
     xc = x.detach().contiguous()
     try:
         xp = xc.data_ptr()
     except RuntimeError:
         return None
-    return xc, xp, torch.empty(x.shape, dtype=torch.float32)
+    if out is None:
+        return xc, xp, torch.empty(x.shape, dtype=torch.float32)
+    if not (native_contiguous(out) and out.numel() == xc.numel()):
+        raise ValueError(f"altgrad.quant: a native call's out must be a contiguous float32 CPU tensor of "
+                         f"{xc.numel()} elements, not {tuple(out.shape)} {out.dtype} on {out.device}")
+    return xc, xp, out
 
 
 class CallPlan:
     """One quantizer's native call with every argument but the input resolved once: the pointers of its format's
     cached kernel parameters and scale constants and of its own buffers (scaler state, statistics), the codes of its
     rounding mode, variant and scale kind. ``__call__(x, seed, update)`` is then ``quant_call`` without the per-call
-    look-ups (the same library call, the same bits). ``holds`` is what it points into: the plan is valid while the
-    quantizer still has exactly these tensors (``Quantizer.native_plan`` checks their identity)."""
+    look-ups (the same library call, the same bits); with ``out`` it writes into that tensor (x itself may be it:
+    each element is read before it is written) and counts the write in out's version counter, as an in-place op
+    would. ``holds`` is what it points into: the plan is valid while the quantizer still has exactly these tensors
+    (``Quantizer.native_plan`` checks their identity)."""
 
     __slots__ = ("fn", "head", "tail", "stats", "holds")
 
@@ -371,8 +379,9 @@ class CallPlan:
         self.stats = _ptr(stats)
         self.holds = (params, consts, *holds)  # kept alive: the pointers above stay valid
 
-    def __call__(self, x: torch.Tensor, seed: torch.Tensor | int | None, update: bool) -> torch.Tensor | None:
-        operands = _operands(x)
+    def __call__(self, x: torch.Tensor, seed: torch.Tensor | int | None, update: bool,
+                 out: torch.Tensor | None = None) -> torch.Tensor | None:
+        operands = _operands(x, out)
         if operands is None:
             return None
         xc, xp, y = operands
@@ -380,6 +389,8 @@ class CallPlan:
                      int(update), self.stats, torch.get_num_threads(), None)
         if rc != 0:
             raise RuntimeError(f"altgrad.quant: the native kernel refused the call (code {rc})")
+        if out is not None:
+            torch.autograd.graph.increment_version(out)
         return y
 
     def set_stats(self, stats: torch.Tensor | None) -> None:

@@ -50,15 +50,23 @@ struct Plan : torch::CustomClassHolder {
 
   bool stochastic() const { return rounding == kStochastic; }
 
-  // y = q(x·s)/s as a new contiguous float32 tensor of x's shape (x: float32 on the CPU; copied when not contiguous)
-  at::Tensor run(const at::Tensor& x, int32_t seed, bool update) const {
+  // y = q(x·s)/s as a new contiguous float32 tensor of x's shape (x: float32 on the CPU; copied when not contiguous),
+  // or written into ``out`` (contiguous float32, x's element count; x itself may be it: each element is read before
+  // it is written), counted in out's version counter as an in-place op is
+  at::Tensor run(const at::Tensor& x, int32_t seed, bool update, const at::Tensor& out = at::Tensor()) const {
     const at::Tensor xc = x.contiguous();
-    at::Tensor y = at::empty(x.sizes(), at::TensorOptions().dtype(at::kFloat));
+    at::Tensor y = out.defined() ? out : at::empty(x.sizes(), at::TensorOptions().dtype(at::kFloat));
+    if (out.defined()) {
+      TORCH_CHECK(out.is_cpu() && out.scalar_type() == at::kFloat && out.is_contiguous() && out.numel() == xc.numel(),
+                  "altgrad.quant: a native call's out must be a contiguous float32 CPU tensor of ", xc.numel(),
+                  " elements");
+    }
     const int rc = call(xc.data_ptr<float>(), y.data_ptr<float>(), xc.numel(), params.data_ptr<int32_t>(), rounding,
                         flags, seed, kind, pow2, consts.data_ptr<float>(), ptr(scale), ptr(history),
                         history.defined() ? history.numel() : 0, reduce_max, update ? 1 : 0, ptr(stats),
                         at::get_num_threads(), nullptr);
     TORCH_CHECK(rc == 0, "altgrad.quant: the native kernel refused the call (code ", rc, ")");
+    if (out.defined()) out.unsafeGetTensorImpl()->bump_version();
     return y;
   }
 };
@@ -168,11 +176,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                           std::optional<at::Tensor>, bool, std::optional<at::Tensor>>())
       .def(
           "__call__",
-          [](const Plan& p, const at::Tensor& x, std::optional<int64_t> seed, bool update) -> std::optional<at::Tensor> {
+          [](const Plan& p, const at::Tensor& x, std::optional<int64_t> seed, bool update,
+             std::optional<at::Tensor> out) -> std::optional<at::Tensor> {
             if (!x.has_storage()) return std::nullopt;  // a functorch wrapper: the caller takes another road
-            return p.run(x.detach(), static_cast<int32_t>(seed.value_or(0)), update);
+            return p.run(x.detach(), static_cast<int32_t>(seed.value_or(0)), update, out.value_or(at::Tensor()));
           },
-          pybind11::arg("x"), pybind11::arg("seed"), pybind11::arg("update"),
+          pybind11::arg("x"), pybind11::arg("seed"), pybind11::arg("update"), pybind11::arg("out") = pybind11::none(),
           pybind11::call_guard<pybind11::gil_scoped_release>())
       .def("set_stats", [](Plan& p, std::optional<at::Tensor> stats) { p.stats = stats.value_or(at::Tensor()); })
       .def_property_readonly("stochastic", &Plan::stochastic);

@@ -452,6 +452,49 @@ def test_storage_rounding_in_one_native_call_equals_the_eager_road(kind: str, po
         assert all(torch.equal(p, q) for p, q in zip(native_q.buffers(), eager_q.buffers()))
 
 
+@needs_native
+@pytest.mark.parametrize("plans", ["extension", "ctypes"])
+def test_storage_rounding_writes_the_weight_in_place_as_an_in_place_op_would(plans: str, monkeypatch) -> None:
+    """project_'s native call writes the weight's own storage and moves its version counter (FlipCallback reads
+    the counter to see the storage policy's write), on the extension's Plan and on ctypes' CallPlan alike; a seedless
+    stochastic projection takes one draw of torch's RNG on either road; a transposed (non-contiguous) weight goes the
+    eager road with the same bits; the plan is resolved again once the scaler's buffers are replaced."""
+    if plans == "ctypes":
+        monkeypatch.setattr(native, "_LINEAR", [None, "switched off by the test"])
+    elif native.linear_ext() is None:
+        pytest.skip("the native Linear extension is not built here")
+    spec = QuantSpec(get_format("e5m2"), scaling=ScalingSpec(kind="tensor", pow2=True))
+    native_q, eager_q = TensorQuantizer(spec), TensorQuantizer(spec, kernel="eager")
+    x = torch.from_numpy(random_inputs(3000, -14, 14, 5)).reshape(30, 100)
+    native_q(x), eager_q(x)
+    w = torch.nn.Parameter(torch.from_numpy(random_inputs(3000, -10, 10, 6)).reshape(60, 50))
+    ref = w.detach().clone()
+    ptr, version = w.data_ptr(), w._version
+    plan = native_q.storage_plan("nearest")
+    assert type(plan).__name__ == ("CallPlan" if plans == "ctypes" else "Plan")
+    assert native_q.project_(w, "nearest") is w and w.data_ptr() == ptr and w._version > version
+    assert_same_bits(w.detach().reshape(-1), eager_q.project_(ref, "nearest").reshape(-1).numpy(), what="in place")
+    assert native_q.storage_plan("nearest") is plan
+    for seeded in (3, None):  # the RNG: one draw on either road, the same seed from it
+        w2, ref2 = w.detach().clone() * 1.37, w.detach().clone() * 1.37
+        torch.manual_seed(11)
+        native_q.project_(w2, "stochastic", seed=seeded)
+        after_native = torch.randint(0, 1 << 30, (4,))
+        torch.manual_seed(11)
+        eager_q.project_(ref2, "stochastic", seed=seeded)
+        assert torch.equal(after_native, torch.randint(0, 1 << 30, (4,)))
+        assert_same_bits(w2.reshape(-1), ref2.reshape(-1).numpy(), what=f"stochastic, seed {seeded}")
+    wt, reft = (w.detach().clone() * 0.61).t(), (w.detach().clone() * 0.61).t()
+    assert not wt.is_contiguous()
+    native_q.project_(wt, "nearest"), eager_q.project_(reft, "nearest")
+    assert_same_bits(wt.contiguous().reshape(-1), reft.contiguous().reshape(-1).numpy(), what="non-contiguous")
+    native_q.double()  # new buffers (float64): no native plan for them, the eager road's bits
+    assert native_q.storage_plan("nearest") is None
+    eager_q.double()
+    w3, ref3 = w.detach().clone() * 3.1, w.detach().clone() * 3.1
+    assert_same_bits(native_q.project_(w3).reshape(-1), eager_q.project_(ref3).reshape(-1).numpy(), what=".double()")
+
+
 @pytest.mark.slow
 @needs_native
 def test_flip_counts_past_two_to_the_24_are_the_float32_sums() -> None:
