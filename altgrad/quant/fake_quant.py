@@ -415,16 +415,16 @@ class TensorQuantizer(Quantizer):
         """
         spec = self.spec
         rounding = rounding or spec.rounding
-        stochastic = rounding == "stochastic"
-        if stochastic and seed is None:
-            seed = int(draw_seed(w.device))  # one draw of torch's RNG, whichever road rounds
+        drawn = draw_seed(w.device) if rounding == "stochastic" and seed is None else None  # one draw, either road
         if self.road == "native" and native.native_contiguous(w):
             # one kernel call writing w in place: the scale the next forward uses (scaler state read, not updated)
-            # and the rounding; the seed as draw_seed(seed=...) would hold it
+            # and the rounding; a given seed is draw_seed's value without the tensor
             plan = self.storage_plan(rounding)
-            if plan is not None and plan(w, int(seed) & 0x7FFFFFFF if stochastic else None, False, out=w) is not None:
-                return w
-        seed = draw_seed(w.device, seed=seed) if stochastic else None
+            if plan is not None:
+                s = None if rounding != "stochastic" else int(drawn) if drawn is not None else int(seed) & 0x7FFFFFFF
+                if plan(w, s, False, out=w) is not None:
+                    return w
+        seed = None if rounding != "stochastic" else drawn if drawn is not None else draw_seed(w.device, seed=seed)
         scale = self._scale(w, update=False)
         w.copy_(quantize_scaled(w, spec.format, scale, rounding, spec.overflow, seed=seed,
                                 scale_pow2=spec.scaling.powers_of_two, kernel=self.call_kernel))
