@@ -4,7 +4,8 @@ small-step recipe.
 
     python -m altgrad.bench job [--rounds 3] [--steps 300] [--small-steps 1000] [--threads default,1]
                                 [--recipes default,small] [--only NAME,...] [--set KEY=VALUE ...]
-                                [--markdown PATH] [--record PATH] [--keep DIR] [--no-calls] [--note TEXT]
+                                [--order rotated|bracketed] [--markdown PATH] [--record PATH] [--keep DIR]
+                                [--no-calls] [--note TEXT]
 
 ``python -m altgrad.bench job --markdown docs/benchmarks/job.md`` regenerates the whole page.
 
@@ -14,11 +15,12 @@ default job, ``--steps`` steps of 16 × 128 tokens) or ``small`` (block 64, batc
 char-level CPU recipe of issue 31: lr 1e-3, warm-up 100, cosine to 1e-4, ``--small-steps`` steps), with torch's
 default threads (``OMP_NUM_THREADS`` unset: what ``make train`` gets) or one (``OMP_NUM_THREADS=1``). One round runs
 every configuration of every setting once, in an order rotated every round so drift on a shared machine hits them
-alike; the tables give medians over rounds with their spread (ratios: geometric means of the per-round pairs), and
-each target is judged on the per-round paired ratios (``altgrad.bench.paired``: met or missed only when the 95 %
-interval clears the bound). ``--record`` keeps
-every finished job (``altgrad.bench.job_record``), so a stopped bench goes on and rounds from several quiet sittings
-pool. Columns:
+alike (``--order bracketed``: the fp32 job also before each configuration and once more at the end, each ratio
+paired with the fp32 jobs run just before and after it, as the host's drift is shared by neighbouring jobs); the
+tables give medians over rounds with their spread (ratios: geometric means of the per-round pairs), and each target
+is judged on the per-round paired ratios (``altgrad.bench.paired``: met or missed only when the 95 % interval clears
+the bound). ``--record`` keeps every finished job (``altgrad.bench.job_record``), so a stopped bench goes on and
+rounds from several quiet sittings pool. Columns:
 
 - wall: the whole process, launch to exit (for a sweep's second job: from the first job's end of training to the
   sweep's exit, i.e. what one more job adds to a sweep);
@@ -146,6 +148,20 @@ class Sample:
     after_fit: float | None
     steady_mfu: float | None = None  # with trainer.peak_flops set (the GPU presets)
     round: int = 0  # the round it ran in: ratios pair samples of the same round
+    seq: int | None = None  # its place in its setting's order that round (None: a record from before --order)
+
+
+def _neighbours(sample: Sample, others: list[Sample]) -> list[Sample]:
+    """The samples of ``others`` (one configuration, one round) that ``sample`` is paired with: the nearest one run
+    before it and the nearest one run after it (one or two), or the round's first where places are not recorded."""
+    if sample.seq is None or any(o.seq is None for o in others):
+        return others[:1]
+    same = [o for o in others if o.seq == sample.seq]  # the sample itself (a configuration paired with itself)
+    if same:
+        return same
+    before = [o for o in others if o.seq < sample.seq]
+    after = [o for o in others if o.seq > sample.seq]
+    return ([max(before, key=lambda o: o.seq)] if before else []) + ([min(after, key=lambda o: o.seq)] if after else [])
 
 
 @dataclass
@@ -155,9 +171,24 @@ class Results:
     samples: dict[str, list[Sample]] = field(default_factory=dict)
 
     def pairs(self, name: str, base: str, ratio: Callable[[Sample, Sample], float | None]) -> list[float | None]:
-        """``ratio(sample, base_sample)`` for every round in which both configurations ran."""
-        by_round = {b.round: b for b in self.samples.get(base, [])}
-        return [ratio(a, by_round[a.round]) for a in self.samples.get(name, []) if a.round in by_round]
+        """One ``ratio(sample, base_sample)`` for every round in which both configurations ran. Where one of the two
+        ran several times that round (the fp32 job of a bracketed round), the other's sample is paired with its
+        neighbours among them, the one run just before and the one just after: the geometric mean of those ratios,
+        since the host's speed drifts slowly and neighbouring jobs share most of it."""
+        mine = self.samples.get(name, [])
+        theirs = self.samples.get(base, [])
+        out: list[float | None] = []
+        for r in dict.fromkeys(a.round for a in mine):
+            a_round = [a for a in mine if a.round == r]
+            b_round = [b for b in theirs if b.round == r]
+            if not b_round:
+                continue
+            if len(a_round) == 1:
+                ratios = [ratio(a_round[0], b) for b in _neighbours(a_round[0], b_round)]
+            else:  # this configuration is the repeated one: pair the other's one sample with its neighbours here
+                ratios = [ratio(a, b_round[0]) for a in _neighbours(b_round[0], a_round)]
+            out.append(None if any(x is None for x in ratios) else _geomean(ratios))
+        return out
 
 
 def _wall_ratio(a: Sample, base: Sample) -> float:
@@ -172,6 +203,26 @@ def _slowdown(a: Sample, base: Sample) -> float | None:
 def _share(a: Sample, base: Sample) -> float | None:
     """This sample's steady tokens/s over the base's."""
     return a.steady_tps / base.steady_tps if a.steady_tps and base.steady_tps else None
+
+
+ORDERS = ("rotated", "bracketed")
+
+
+def round_order(jobs: list[Job], shift: int, order: str) -> list[Job]:
+    """One setting's jobs for one round, in the order they run: ``rotated``, every configuration once, starting
+    ``shift`` places further each round; ``bracketed``, the same rotation of the other configurations with the fp32
+    job before each and once more at the end (fp32, A, fp32, B, …, fp32), so every ratio pairs jobs run side by side."""
+    if order not in ORDERS:
+        raise SystemExit(f"error: --order {order!r}: valid: {', '.join(ORDERS)}")
+    if order == "rotated":
+        return jobs[shift % len(jobs):] + jobs[:shift % len(jobs)]
+    base = [j for j in jobs if j.name == BASE]
+    others = [j for j in jobs if j.name != BASE]
+    if not others:
+        return base
+    shift %= len(others)
+    rotated = others[shift:] + others[:shift]
+    return [job for other in rotated for job in (*base, other)] + base
 
 
 def _launch(job: Job, out: Path, steps: int, extra: list[str]) -> tuple[list[str], Path]:
@@ -437,8 +488,8 @@ Every configuration is one `python -m altgrad.train` subprocess (default diagnos
 200-token sample at the end), in {n_settings} setting(s): {settings}. The recipes: the default job (`make train`,
 16 × 128 tokens a step) and the small-step recipe (block 64, batch 12 = 768 tokens a step, lr 1e-3, warm-up 100,
 cosine to 1e-4, on the embedded corpus: issue 31's char-level CPU recipe); default threads: `OMP_NUM_THREADS` unset,
-what `make train` gets. One round runs every configuration of every setting once, in an order rotated every round;
-the setting tables give medians over {rounds} round(s), the spread of the wall times,
+what `make train` gets. {order}
+The setting tables give medians over {rounds} round(s), the spread of the wall times,
 and two ratios to the fp32 job of the same setting, each the geometric mean of the per-round paired ratios (the
 estimate the Targets table judges): whole-process wall and steady tokens/s (the fp32 job's over this one's, so both
 are slowdowns). **Targets are judged on the per-round paired ratios**: their geometric mean with a 95 % Student-t
@@ -494,6 +545,31 @@ class Provenance:
         return line + "."
 
 
+ORDER_TEXT = {
+    "rotated": "One round runs every configuration of every setting once, in an order rotated every round.",
+    "bracketed": ("One round runs every configuration of every setting once, in an order rotated every round, with "
+                  "the fp32 job before each configuration and once more at the end (fp32, A, fp32, B, …, fp32): "
+                  "each ratio pairs a job with the fp32 jobs run just before and just after it (the geometric mean "
+                  "of the two), since the host's speed drifts slowly and neighbouring jobs share most of it."),
+}
+
+
+def order_text(results: dict[Setting, Results]) -> str:
+    """How the rounds on the page were ordered: one order's description, or both with how many rounds of each (a
+    record pools rounds of either; a round with several fp32 jobs was bracketed)."""
+    kinds = {"rotated": 0, "bracketed": 0}
+    for res in results.values():
+        base_rounds = [smp.round for smp in res.samples.get(BASE, [])]
+        for r in set(base_rounds):
+            kinds["bracketed" if base_rounds.count(r) > 1 else "rotated"] += 1
+    used = [k for k, n in kinds.items() if n]
+    if len(used) < 2:
+        return ORDER_TEXT[used[0] if used else "rotated"]
+    return (f"The record pools rounds of two orders ({kinds['rotated']} rotated and {kinds['bracketed']} bracketed, "
+            f"counted over the settings). Rotated: {ORDER_TEXT['rotated'][0].lower()}{ORDER_TEXT['rotated'][1:]} "
+            f"Bracketed: {ORDER_TEXT['bracketed'][0].lower()}{ORDER_TEXT['bracketed'][1:]}")
+
+
 def page(results: dict[Setting, Results], jobs: list[Job], args: argparse.Namespace, command: str,
          provenance: Provenance, calls: str | None) -> str:
     """The whole of docs/benchmarks/job.md (or, with ``--set trainer=gpu``, its GPU twin)."""
@@ -504,7 +580,7 @@ def page(results: dict[Setting, Results], jobs: list[Job], args: argparse.Namesp
               "of the same code, machine and overrides pool there, and rerunning the command goes on where it stopped.")
     minutes = sum(smp.wall for res in results.values() for samples in res.samples.values() for smp in samples) / 60
     parts = [PAGE_INTRO.format(minutes=f"{minutes:.0f}", command=command, n_settings=len(results), settings=settings,
-                               rounds=args.rounds, record=record),
+                               rounds=args.rounds, record=record, order=order_text(results)),
              *([GPU_NOTE.format(targeted=GPU_TARGETED, target=GPU_TARGET), ""] if gpu else []),
              *([f"**{args.note}**", ""] if args.note else []),
              f"Machine: {machine()}. {provenance.text()}", "",
@@ -537,20 +613,44 @@ def _threads(text: str) -> list[int | None]:
     return out
 
 
+Place = tuple[Setting, str, int, int | None]
+"""A job's place in the bench: setting, configuration, round, and its place in that round's order (None: a record
+from before orders were recorded, one job per configuration and round)."""
+
+
 def pool(entries: list[dict], results: dict[Setting, Results], jobs: list[Job],
-         rounds: int) -> dict[tuple[Setting, str, int], dict]:
+         rounds: int) -> dict[Place, dict]:
     """Put a record's entries of these settings, configurations and first ``rounds`` rounds into ``results`` (the
-    first entry of each); returns them by the (setting, configuration, round) they cover, which need not run again."""
+    first entry of each place); returns them by the place they fill, which need not run again."""
     known = {(s.recipe, s.steps, s.threads): s for s in results}
     names = {j.name for j in jobs}
-    taken: dict[tuple[Setting, str, int], dict] = {}
+    taken: dict[Place, dict] = {}
     for e in entries:
         setting = known.get((e["setting"]["recipe"], e["setting"]["steps"], e["setting"]["threads"]))
-        if setting is None or e["job"] not in names or e["round"] >= rounds or (setting, e["job"], e["round"]) in taken:
+        place = (setting, e["job"], e["round"], e["sample"].get("seq"))
+        if setting is None or e["job"] not in names or e["round"] >= rounds or place in taken:
             continue
         results[setting].samples.setdefault(e["job"], []).append(Sample(**e["sample"]))
-        taken[(setting, e["job"], e["round"])] = e
+        taken[place] = e
     return taken
+
+
+def to_run(plan: list[Job], setting: Setting, round_: int, done: dict[Place, dict]) -> list[tuple[int, Job]]:
+    """The places of this round's ``plan`` (one setting) not yet in the record, with the job for each. A round the
+    record holds from before orders were recorded counts by configuration, as does a round finished in another order
+    (every configuration ran); a round begun in another order and not finished stops the bench (going on in this
+    order would pair jobs that did not run side by side)."""
+    here = {(name, seq) for (s, name, r, seq) in done if s == setting and r == round_}
+    names = {name for name, _ in here}
+    if any(seq is None for _, seq in here):
+        return [(seq, job) for seq, job in enumerate(plan) if job.name not in names]
+    planned = {(job.name, seq) for seq, job in enumerate(plan)}
+    if not here <= planned:
+        if names >= {job.name for job in plan}:
+            return []
+        raise SystemExit(f"error: --record: round {round_ + 1} of the {setting.label} was begun in another order "
+                         f"(--order, --only) than this command's; rerun it as it was begun ({', '.join(ORDERS)})")
+    return [(seq, job) for seq, job in enumerate(plan) if (job.name, seq) not in here]
 
 
 def main(argv: list[str]) -> None:
@@ -573,6 +673,10 @@ def main(argv: list[str]) -> None:
                         help="append every finished job to this JSON-lines file and pool the rounds already in it "
                              "(same code, machine and --set): --rounds is then the total, and a stopped bench goes on "
                              "where it stopped")
+    parser.add_argument("--order", default="rotated", choices=ORDERS,
+                        help="rotated: every configuration once a round, the order rotated every round; bracketed: "
+                             "the fp32 job also before each configuration and at the end, each ratio paired with the "
+                             "fp32 jobs beside it (more jobs a round, less of the host's drift in each ratio)")
     parser.add_argument("--no-calls", action="store_true", help="leave the per-call micro-bench off the page")
     parser.add_argument("--note", default=None, help="a line printed in bold under the page's introduction (e.g. "
                                                       "how loaded the machine was)")
@@ -612,7 +716,7 @@ def main(argv: list[str]) -> None:
           flush=True)
     results = {s: Results() for s in settings}
     key = record = None
-    done: dict[tuple[Setting, str, int], dict] = {}
+    done: dict[Place, dict] = {}
     provenance = Provenance()
     if args.record is not None:
         record = args.record
@@ -627,13 +731,14 @@ def main(argv: list[str]) -> None:
     try:
         for r in range(args.rounds):
             for k, setting in enumerate(settings):
-                shift = (r + k) % len(jobs)
-                order = jobs[shift:] + jobs[:shift]
+                plan = round_order(jobs, r + k, args.order)
                 extra = [*RECIPES[setting.recipe], *args.set]
-                todo = [job for job in order if (setting, job.name, r) not in done]
-                for job in todo:
-                    out = work / f"round{r}" / folder(setting.label) / folder(job.name)
-                    sample = dataclasses.replace(run_job(job, out, setting.steps, extra, setting.env(env)), round=r)
+                todo = to_run(plan, setting, r, done)
+                for seq, job in todo:
+                    repeated = sum(j.name == job.name for j in plan) > 1  # the fp32 job of a bracketed round
+                    out = work / f"round{r}" / folder(setting.label) / (folder(job.name) + f"_{seq}" * repeated)
+                    sample = dataclasses.replace(run_job(job, out, setting.steps, extra, setting.env(env)), round=r,
+                                                 seq=seq)
                     results[setting].samples.setdefault(job.name, []).append(sample)
                     provenance.ran.append(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
                     provenance.commits.append(commit())

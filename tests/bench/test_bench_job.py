@@ -315,3 +315,97 @@ def test_the_page_says_when_its_jobs_ran_and_which_came_from_the_record() -> Non
     assert "1 run by this invocation, 1 taken from the record; load average (1/5/15 min) 0.1 0.2 0.3 before" in \
         mixed.text()
     assert Provenance().text() == "No job measured."
+
+
+def placed(wall: float, tps: float, round_: int, seq: int | None) -> Sample:
+    from dataclasses import replace
+    return replace(s(wall, tps, round_), seq=seq)
+
+
+def test_a_bracketed_round_puts_fp32_beside_every_configuration() -> None:
+    from altgrad.bench.job import round_order
+    jobs = [j for j in JOBS if j.name in ("fp32", "plain PyTorch loop", "e4m3", "e4m3 stochastic")]
+    names = lambda plan: [j.name for j in plan]  # noqa: E731
+    assert names(round_order(jobs, 0, "rotated")) == ["fp32", "plain PyTorch loop", "e4m3", "e4m3 stochastic"]
+    assert names(round_order(jobs, 5, "rotated")) == ["plain PyTorch loop", "e4m3", "e4m3 stochastic", "fp32"]
+    # the other configurations rotate as a round goes on; fp32 stays before each and runs once more at the end
+    assert names(round_order(jobs, 1, "bracketed")) == ["fp32", "e4m3", "fp32", "e4m3 stochastic", "fp32",
+                                                        "plain PyTorch loop", "fp32"]
+    assert names(round_order([jobs[0]], 3, "bracketed")) == ["fp32"]
+    with pytest.raises(SystemExit, match="--order 'sorted': valid: rotated, bracketed"):
+        round_order(jobs, 0, "sorted")
+
+
+def test_bracketed_ratios_pair_a_job_with_the_fp32_jobs_run_beside_it() -> None:
+    """Each configuration's ratio in a bracketed round is against the geometric mean of the fp32 jobs just before
+    and just after it (not every fp32 job of the round); the fp32 target pairs the loop's one job likewise; a round
+    with places unrecorded (an older record) pairs with its one fp32 job as before."""
+    from altgrad.bench.job import _share, _slowdown, _wall_ratio
+    fp32 = [placed(10, 100, 0, 0), placed(20, 50, 0, 2), placed(40, 25, 0, 4), placed(99, 1, 1, None)]
+    results = JobResults(samples={
+        "fp32": fp32,
+        "e4m3": [placed(16, 60, 0, 1), placed(110, 1, 1, None)],
+        "plain PyTorch loop": [placed(30, 40, 0, 3)]})
+    assert results.pairs("e4m3", "fp32", _wall_ratio) == pytest.approx([16 / (10 * 20) ** 0.5, 110 / 99])
+    assert results.pairs("e4m3", "fp32", _slowdown) == pytest.approx([(100 * 50) ** 0.5 / 60, 1.0])
+    # fp32's own target: fp32 over the loop, the loop paired with the fp32 jobs at places 2 and 4
+    assert results.pairs("fp32", "plain PyTorch loop", _share) == pytest.approx([(50 * 25) ** 0.5 / 40])
+    # a job at a round's end has one neighbour
+    results.samples["e4m3 stochastic"] = [placed(50, 20, 0, 5)]
+    assert results.pairs("e4m3 stochastic", "fp32", _wall_ratio) == pytest.approx([50 / 40])
+
+
+def test_a_recorded_round_goes_on_in_the_order_it_was_begun() -> None:
+    """Places already in the record are skipped; a round recorded without places counts by configuration, as does a
+    round that every configuration finished in another order; a round begun in another order and unfinished stops
+    with one line."""
+    from altgrad.bench.job import round_order, to_run
+    jobs = [j for j in JOBS if j.name in ("fp32", "e4m3", "e4m3 stochastic")]
+    setting = Setting("small", 500, 1)
+    plan = round_order(jobs, 0, "bracketed")  # fp32, e4m3, fp32, e4m3 stochastic, fp32
+    done = {(setting, "fp32", 2, 0): {}, (setting, "e4m3", 2, 1): {}, (Setting("small", 500, None), "fp32", 2, 2): {}}
+    assert [(seq, j.name) for seq, j in to_run(plan, setting, 2, done)] == [
+        (2, "fp32"), (3, "e4m3 stochastic"), (4, "fp32")]
+    assert len(to_run(plan, setting, 3, done)) == 5  # another round: all of it
+    older = {(setting, "fp32", 0, None): {}, (setting, "e4m3", 0, None): {}}
+    assert [(seq, j.name) for seq, j in to_run(round_order(jobs, 0, "rotated"), setting, 0, older)] == [
+        (2, "e4m3 stochastic")]
+    with pytest.raises(SystemExit, match="round 3 of the small recipe, 1 thread was begun in another order"):
+        to_run(round_order(jobs, 1, "rotated"), setting, 2, done)  # e4m3, e4m3 stochastic, fp32
+    done[(setting, "e4m3 stochastic", 2, 3)] = {}  # the bracketed round has every configuration: done in any order
+    assert to_run(round_order(jobs, 1, "rotated"), setting, 2, done) == []
+
+
+def test_the_page_says_how_its_rounds_were_ordered() -> None:
+    from altgrad.bench.job import order_text
+    rotated = JobResults(samples={"fp32": [placed(10, 100, 0, 0)], "e4m3": [placed(11, 90, 0, 1)]})
+    bracketed = JobResults(samples={"fp32": [placed(10, 100, 0, 0), placed(10, 100, 0, 2)],
+                                    "e4m3": [placed(11, 90, 0, 1)]})
+    assert order_text({Setting("small", 500, 1): rotated}).startswith("One round runs every configuration")
+    assert "(fp32, A, fp32, B, …, fp32)" in order_text({Setting("small", 500, 1): bracketed})
+    both = order_text({Setting("small", 500, 1): bracketed, Setting("small", 500, None): rotated})
+    assert both.startswith("The record pools rounds of two orders (1 rotated and 1 bracketed")
+
+
+@pytest.mark.slow
+def test_a_bracketed_bench_records_each_jobs_place_and_keeps_to_its_order(tmp_path: Path,
+                                                                         offline_env: dict[str, str]) -> None:
+    record, md = tmp_path / "record.jsonl", tmp_path / "job.md"
+    common = ["--steps", "4", "--small-steps", "4", "--recipes", "small", "--threads", "1", "--only", "e4m3",
+              "--no-calls", "--record", str(record), *TINY_SET]
+    proc = bench("--rounds", "1", "--order", "bracketed", "--markdown", str(md), *common, env=offline_env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    entries = [json.loads(line) for line in record.read_text().splitlines()]
+    assert [(e["job"], e["sample"]["seq"]) for e in entries] == [("fp32", 0), ("e4m3", 1), ("fp32", 2)]
+    assert "(fp32, A, fp32, B, …, fp32)" in md.read_text()
+    # a second round in the other order is a round of its own; the first round is not rerun
+    again = bench("--rounds", "2", "--order", "rotated", *common, env=offline_env)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert [e["round"] for e in map(json.loads, record.read_text().splitlines())] == [0, 0, 0, 1, 1]
+    # the record's round 1 was rotated: going on with it bracketed would pair jobs that did not run side by side
+    lines = [json.loads(line) for line in record.read_text().splitlines()]
+    record.write_text("".join(json.dumps(e) + "\n" for e in lines[:4]))  # round 1 stopped after its first job
+    stopped = bench("--rounds", "2", "--order", "bracketed", *common, env=offline_env)
+    assert stopped.returncode != 0
+    assert stopped.stderr.strip().splitlines()[-1].startswith(
+        "error: --record: round 2 of the small recipe, 1 thread was begun in another order")

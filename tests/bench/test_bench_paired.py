@@ -166,10 +166,20 @@ def test_a_record_resumes_the_bench_where_it_stopped() -> None:
                entry("small", 8, 1, "fp32", 2, 14.0), entry("default", 4, None, "e4m3 stochastic", 0, 15.0),
                entry("default", 4, None, "fp32", 5, 16.0)]
     done = pool(entries, results, jobs, rounds=3)
-    assert set(done) == {(small, "fp32", 0), (small, "e4m3", 0), (small, "fp32", 1)}
-    assert done[(small, "fp32", 1)]["sample"]["wall"] == 12.0  # the first entry of a (setting, job, round) is kept
+    # entries from before places were recorded (no seq): one per (setting, job, round)
+    assert set(done) == {(small, "fp32", 0, None), (small, "e4m3", 0, None), (small, "fp32", 1, None)}
+    assert done[(small, "fp32", 1, None)]["sample"]["wall"] == 12.0  # the first entry of a place is kept
     assert [x.wall for x in results[small].samples["fp32"]] == [10.0, 12.0]
     assert [x.round for x in results[small].samples["fp32"]] == [0, 1] and results[default].samples == {}
+    # a bracketed round's fp32 jobs fill places of their own; a place recorded twice is kept once
+    placed = [entry("small", 4, 1, "fp32", 0, 10.0), entry("small", 4, 1, "e4m3", 0, 11.0),
+              entry("small", 4, 1, "fp32", 0, 12.0), entry("small", 4, 1, "fp32", 0, 13.0)]
+    for e, seq in zip(placed, (0, 1, 2, 2)):
+        e["sample"]["seq"] = seq
+    results = {small: Results()}
+    done = pool(placed, results, jobs, rounds=1)
+    assert set(done) == {(small, "fp32", 0, 0), (small, "e4m3", 0, 1), (small, "fp32", 0, 2)}
+    assert [(x.wall, x.seq) for x in results[small].samples["fp32"]] == [(10.0, 0), (12.0, 2)]
 
 
 def test_a_studys_experiment_files_key_only_benches_that_compose_them(tmp_path: Path) -> None:
