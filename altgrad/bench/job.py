@@ -545,29 +545,25 @@ class Provenance:
         return line + "."
 
 
-ORDER_TEXT = {
-    "rotated": "One round runs every configuration of every setting once, in an order rotated every round.",
-    "bracketed": ("One round runs every configuration of every setting once, in an order rotated every round, with "
-                  "the fp32 job before each configuration and once more at the end (fp32, A, fp32, B, …, fp32): "
-                  "each ratio pairs a job with the fp32 jobs run just before and just after it (the geometric mean "
-                  "of the two), since the host's speed drifts slowly and neighbouring jobs share most of it."),
-}
+ROTATED_TEXT = "One round runs every configuration of every setting once, in an order rotated every round."
+BRACKETED_TEXT = ("A bracketed round also runs the fp32 job before each configuration and once more at the end "
+                  "(fp32, A, fp32, B, …, fp32), and each ratio pairs a job with the fp32 jobs run just before and "
+                  "just after it (the geometric mean of the two), since the host's speed drifts slowly and "
+                  "neighbouring jobs share most of it.")
 
 
 def order_text(results: dict[Setting, Results]) -> str:
-    """How the rounds on the page were ordered: one order's description, or both with how many rounds of each (a
-    record pools rounds of either; a round with several fp32 jobs was bracketed)."""
-    kinds = {"rotated": 0, "bracketed": 0}
+    """How the page's rounds were ordered: a round with several fp32 jobs was bracketed (a record pools both)."""
+    bracketed = rotated = 0
     for res in results.values():
         base_rounds = [smp.round for smp in res.samples.get(BASE, [])]
         for r in set(base_rounds):
-            kinds["bracketed" if base_rounds.count(r) > 1 else "rotated"] += 1
-    used = [k for k, n in kinds.items() if n]
-    if len(used) < 2:
-        return ORDER_TEXT[used[0] if used else "rotated"]
-    return (f"The record pools rounds of two orders ({kinds['rotated']} rotated and {kinds['bracketed']} bracketed, "
-            f"counted over the settings). Rotated: {ORDER_TEXT['rotated'][0].lower()}{ORDER_TEXT['rotated'][1:]} "
-            f"Bracketed: {ORDER_TEXT['bracketed'][0].lower()}{ORDER_TEXT['bracketed'][1:]}")
+            bracketed += base_rounds.count(r) > 1
+            rotated += base_rounds.count(r) == 1
+    if not bracketed:
+        return ROTATED_TEXT
+    return (f"{ROTATED_TEXT} {BRACKETED_TEXT} Of the page's rounds (counted over the settings): {rotated} rotated, "
+            f"{bracketed} bracketed.")
 
 
 def page(results: dict[Setting, Results], jobs: list[Job], args: argparse.Namespace, command: str,

@@ -384,7 +384,7 @@ def test_the_page_says_how_its_rounds_were_ordered() -> None:
     assert order_text({Setting("small", 500, 1): rotated}).startswith("One round runs every configuration")
     assert "(fp32, A, fp32, B, …, fp32)" in order_text({Setting("small", 500, 1): bracketed})
     both = order_text({Setting("small", 500, 1): bracketed, Setting("small", 500, None): rotated})
-    assert both.startswith("The record pools rounds of two orders (1 rotated and 1 bracketed")
+    assert both.endswith("Of the page's rounds (counted over the settings): 1 rotated, 1 bracketed.")
 
 
 @pytest.mark.slow
