@@ -76,8 +76,8 @@ class Setting:
         return f"{self.recipe} recipe, {threads}"
 
 
-def _model(batch: int, block: int, quantized: bool, rounding: str = "nearest") -> tuple[torch.nn.Module, list]:
-    """The nano model on (batch, block) windows, fp32 or quantized (statistics off); its quantizers."""
+def _model(block: int, quantized: bool, rounding: str = "nearest") -> torch.nn.Module:
+    """The nano model on windows of ``block`` tokens, fp32 or quantized with format=e4m3 (statistics off)."""
     from altgrad.bench.step import nano_model
     from altgrad.callbacks.fake_quant import FakeQuantCallback
     from altgrad.callbacks.probe import quantizers
@@ -85,14 +85,12 @@ def _model(batch: int, block: int, quantized: bool, rounding: str = "nearest") -
 
     model, _ = nano_model(0, vocab_size=VOCAB)
     model.config.block_size = block
-    if not quantized:
-        return model, []
-    fmt = copy.deepcopy(FORMAT)
-    fmt["rounding"] = rounding
-    FakeQuantCallback(fmt, {"base_rules": []}).apply(model)
-    qs = list(quantizers(model))
-    set_track_stats(qs, False)
-    return model, qs
+    if quantized:
+        fmt = copy.deepcopy(FORMAT)
+        fmt["rounding"] = rounding
+        FakeQuantCallback(fmt, {"base_rules": []}).apply(model)
+        set_track_stats(list(quantizers(model)), False)
+    return model
 
 
 def step_fn(model: torch.nn.Module, batch: int, block: int) -> Callable[[], None]:
@@ -160,9 +158,9 @@ def time_setting(setting: Setting, repeats: int, steps: int) -> dict[str, object
     """Median ms of each row at this setting, interleaved; plus the calls' count and elements."""
     torch.set_num_threads(setting.threads)
     batch, block = recipe_shape(setting.recipe)
-    fp32, _ = _model(batch, block, quantized=False)
-    quant, _ = _model(batch, block, quantized=True)
-    stoch, _ = _model(batch, block, quantized=True, rounding="stochastic")
+    fp32 = _model(block, quantized=False)
+    quant = _model(block, quantized=True)
+    stoch = _model(block, quantized=True, rounding="stochastic")
     arith, n_calls, n_elems = arithmetic_fn(quant, batch * block)
     arith_st, _, _ = arithmetic_fn(stoch, batch * block)
     rows = {"fp32 step": step_fn(fp32, batch, block), "e4m3 step (statistics off, no callbacks)":

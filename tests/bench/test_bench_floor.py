@@ -27,7 +27,7 @@ def test_settings_take_torchs_default_and_refuse_a_bad_count() -> None:
 
 
 def test_a_step_makes_51_calls_of_the_shapes_of_input_weight_and_gradient() -> None:
-    model, _ = floor._model(12, 64, quantized=True)
+    model = floor._model(64, quantized=True)
     calls = floor.call_shapes(model, 768)
     assert len(calls) == 51  # 17 Linears × (input, weight, output gradient)
     # per block: c_attn 128 → 384, attn c_proj 128 → 128, c_fc 128 → 512, mlp c_proj 512 → 128; lm_head 128 → 257
