@@ -502,7 +502,8 @@ cadence as a nanoGPT-style loop (forward, backward, clip, AdamW step; no Lightni
 Rows on request (`--only`): `e4m3 callbacks=full`, sweep job 2, `e4m3 compiled road` (`quant.kernel=compiled`),
 `e5m2 manifold master=none compiled step` (`optimizer.kernel=compiled`), `fp32 compile` / `e4m3 compile`
 (`trainer.compile=force`). Where the quantized jobs' time goes, and what would close
-the gaps this page shows: [job_profile](job_profile.md).
+the gaps this page shows: [job_profile](job_profile.md); which targets today's bits can reach at all, from the
+quantizer arithmetic a step cannot do without: `python -m altgrad.bench floor`.
 """
 
 
