@@ -168,18 +168,14 @@ def layer_rows(repeats: int, calls: int) -> list[tuple[str, float, float]]:
 def step_rows(steps: int, repeats: int) -> list[tuple[str, float]]:
     """µs per training step of the small recipe's model, fp32 and e4m3 (statistics off) on each road, and the
     difference per quantizer call."""
-    from altgrad.bench.step import nano_model
-    from altgrad.callbacks.fake_quant import FakeQuantCallback
+    from altgrad.bench.step import format_config, nano_model, quantize_linears
     from altgrad.callbacks.probe import quantizers
     from altgrad.quant.fake_quant import set_track_stats
 
     base, _ = nano_model(0, vocab_size=VOCAB)
     base.config.block_size = SMALL_BLOCK
-    quant = copy.deepcopy(base)
-    fmt_cfg = {"name": "e4m3", "grad": "e5m2", "scaling": {"kind": "tensor", "pow2": True}}  # format=e4m3's
-    FakeQuantCallback(fmt_cfg, {"base_rules": []}).apply(quant)
+    quant = quantize_linears(copy.deepcopy(base), format_config("e4m3"))
     qs = list(quantizers(quant))
-    set_track_stats(qs, False)
     gen = torch.Generator().manual_seed(1)
     idx = torch.randint(0, base.config.vocab_size, (SMALL_BATCH, SMALL_BLOCK + 1), generator=gen)
     x, y = idx[:, :-1], idx[:, 1:]

@@ -24,7 +24,6 @@ sums in its own order). The whole jobs' ratios are docs/benchmarks/job.md's; thi
 from __future__ import annotations
 
 import argparse
-import copy
 import statistics
 import time
 from collections.abc import Callable
@@ -39,7 +38,6 @@ from altgrad.quant import native
 VOCAB = 257  # the byte tokenizer's
 TARGETS = (("e4m3", 1.10), ("e4m3 callbacks=none", 1.05), ("e4m3 stochastic", 1.15))
 """Issue 31's targets whose extra over fp32 is the quantizer calls (plus diagnostics): (row, bound)."""
-FORMAT = {"name": "e4m3", "grad": "e5m2", "scaling": {"kind": "tensor", "pow2": True}}  # format=e4m3's
 
 
 def recipe_shape(recipe: str) -> tuple[int, int]:
@@ -78,18 +76,12 @@ class Setting:
 
 def _model(block: int, quantized: bool, rounding: str = "nearest") -> torch.nn.Module:
     """The nano model on windows of ``block`` tokens, fp32 or quantized with format=e4m3 (statistics off)."""
-    from altgrad.bench.step import nano_model
-    from altgrad.callbacks.fake_quant import FakeQuantCallback
-    from altgrad.callbacks.probe import quantizers
-    from altgrad.quant.fake_quant import set_track_stats
+    from altgrad.bench.step import format_config, nano_model, quantize_linears
 
     model, _ = nano_model(0, vocab_size=VOCAB)
     model.config.block_size = block
     if quantized:
-        fmt = copy.deepcopy(FORMAT)
-        fmt["rounding"] = rounding
-        FakeQuantCallback(fmt, {"base_rules": []}).apply(model)
-        set_track_stats(list(quantizers(model)), False)
+        quantize_linears(model, format_config("e4m3", rounding=rounding))
     return model
 
 

@@ -22,8 +22,7 @@ from typing import Any
 import torch
 from omegaconf import OmegaConf
 
-from altgrad.callbacks.fake_quant import FakeQuantCallback
-from altgrad.bench.step import CONF, nano_model
+from altgrad.bench.step import CONF, format_config, nano_model, quantize_linears
 from altgrad.model import GPT
 from altgrad.optim import build_optimizer
 
@@ -55,10 +54,7 @@ CHECKED = ("manifold[update]", "grid[adam]")  # the issue's ≤ 2× target appli
 def quantized_nano(fmt: str) -> GPT:
     """The nano GPT (conf/model/nano.yaml shapes, byte vocabulary) with every Linear fake-quantized in ``fmt``."""
     model, _ = nano_model(seed=0, vocab_size=257)
-    format_cfg = {"name": fmt, "grad": None, "rounding": "nearest", "overflow": "saturate",
-                  "scaling": {"kind": "tensor", "pow2": True}}
-    FakeQuantCallback(format_cfg, {"base_rules": []}).apply(model)
-    return model
+    return quantize_linears(model, format_config(fmt, grad=None), stats=None)
 
 
 def measure(steps: int, warmup: int, fmt: str) -> list[tuple[str, float, float, int, int]]:

@@ -59,6 +59,29 @@ def nano_model(seed: int = 0, preset: str = "nano", vocab_size: int | None = Non
     return model, model.config.block_size
 
 
+def format_config(name: str, **fields: object) -> dict[str, object]:
+    """The ``format=NAME`` group as a job composes it (conf/format/NAME.yaml over conf/_base/format.yaml; a name
+    without a preset keeps the base's other fields), with ``fields`` overriding it (e.g. ``rounding="stochastic"``)."""
+    cfg = OmegaConf.load(CONF / "_base" / "format.yaml")
+    preset = CONF / "format" / f"{name}.yaml"
+    if preset.is_file():
+        own = OmegaConf.load(preset)
+        own.pop("defaults", None)
+        cfg = OmegaConf.merge(cfg, own)
+    cfg = OmegaConf.merge(cfg, {"name": name, **fields})
+    return OmegaConf.to_container(cfg, resolve=True)
+
+
+def quantize_linears(model: torch.nn.Module, fmt: dict[str, object], stats: bool | None = False) -> torch.nn.Module:
+    """Every Linear of ``model`` fake-quantized in place as ``layer_map=uniform`` does it, the quantizers'
+    statistics on or off (off: a step where no diagnostic reads them, as quant.stats=demand runs it; None: as the
+    callback leaves them)."""
+    FakeQuantCallback(fmt, {"base_rules": []}).apply(model)
+    if stats is not None:
+        set_track_stats(list(quantizers(model)), stats)
+    return model
+
+
 def make_step(model: torch.nn.Module, compile_model: bool, bf16: bool = False):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     fwd = torch.compile(model) if compile_model else model
@@ -115,14 +138,13 @@ def main(argv: list[str]) -> None:
     base.to(device)
     idx = torch.randint(0, base.config.vocab_size, (args.batch, block), generator=torch.Generator().manual_seed(0))
     idx = idx.to(device)
-    fmt_cfg = {"name": args.format, "grad": "e5m2", "scaling": {"kind": "tensor", "pow2": True}}
+    fmt_cfg = format_config(args.format, grad="e5m2")
     variants: dict[tuple[str, bool], object] = {}  # (unquantized | stats off | stats on, compiled) -> step
     for compiled in ([False] if args.no_compile else [False, True]):
         for kind in ("unquantized", "stats off", "stats on"):
             model = copy.deepcopy(base)
             if kind != "unquantized":
-                FakeQuantCallback(fmt_cfg, {"base_rules": []}).apply(model)
-                set_track_stats(quantizers(model), kind == "stats on")
+                quantize_linears(model, fmt_cfg, stats=kind == "stats on")
             variants[(kind, compiled)] = make_step(model, compiled, args.bf16)
 
     for key, step in variants.items():  # warm-up (and compilation) outside the timed rounds
