@@ -41,22 +41,15 @@ TARGETS = (("e4m3", 1.10), ("e4m3 callbacks=none", 1.05), ("e4m3 stochastic", 1.
 
 
 def recipe_shape(recipe: str) -> tuple[int, int]:
-    """(batch, block) of one of the job bench's recipes (``job.RECIPES``: overrides of the default job's data and
-    model presets)."""
-    from omegaconf import OmegaConf
-
+    """(batch, block) of one of the job bench's recipes (``job.RECIPES``: overrides of the default job), as a job
+    of that recipe composes them."""
     from altgrad.bench.job import RECIPES
-    from altgrad.bench.step import CONF
+    from altgrad.bench.step import job_config
 
     if recipe not in RECIPES:
         raise SystemExit(f"error: --recipes: {recipe!r} is not a recipe; valid: {', '.join(RECIPES)}")
-    values = {"data.batch_size": int(OmegaConf.load(CONF / "data" / "embedded.yaml").batch_size),
-              "model.block_size": int(OmegaConf.load(CONF / "model" / "nano.yaml").block_size)}
-    for override in RECIPES[recipe]:
-        key, _, value = override.partition("=")
-        if key in values:
-            values[key] = int(value)
-    return values["data.batch_size"], values["model.block_size"]
+    cfg = job_config(RECIPES[recipe])
+    return int(cfg.data.batch_size), int(cfg.model.block_size)
 
 
 @dataclass(frozen=True)

@@ -24,11 +24,12 @@ import argparse
 import copy
 import statistics
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from altgrad.callbacks.fake_quant import FakeQuantCallback
 from altgrad.callbacks.probe import quantizers
@@ -59,17 +60,25 @@ def nano_model(seed: int = 0, preset: str = "nano", vocab_size: int | None = Non
     return model, model.config.block_size
 
 
-def format_config(name: str, **fields: object) -> dict[str, object]:
-    """The ``format=NAME`` group as a job composes it (conf/format/NAME.yaml over conf/_base/format.yaml; a name
-    without a preset keeps the base's other fields), with ``fields`` overriding it (e.g. ``rounding="stochastic"``)."""
-    cfg = OmegaConf.load(CONF / "_base" / "format.yaml")
-    preset = CONF / "format" / f"{name}.yaml"
-    if preset.is_file():
-        own = OmegaConf.load(preset)
-        own.pop("defaults", None)
-        cfg = OmegaConf.merge(cfg, own)
-    cfg = OmegaConf.merge(cfg, {"name": name, **fields})
-    return OmegaConf.to_container(cfg, resolve=True)
+def job_config(overrides: Sequence[str] = ()) -> DictConfig:
+    """conf/train.yaml as Hydra composes it for a job with these overrides (unresolved)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+            return compose(config_name="train", overrides=list(overrides))
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def format_config(preset: str, **fields: object) -> dict[str, object]:
+    """The ``format=PRESET`` group as a job composes it, ``fields`` set over it (e.g. ``rounding="stochastic"``)."""
+    valid = sorted(p.stem for p in (CONF / "format").glob("*.yaml"))
+    if preset not in valid:
+        raise SystemExit(f"--format={preset!r} is not a format preset; valid: {', '.join(valid)}")
+    return OmegaConf.to_container(OmegaConf.merge(job_config([f"format={preset}"]).format, fields), resolve=True)
 
 
 def quantize_linears(model: torch.nn.Module, fmt: dict[str, object], stats: bool | None = False) -> torch.nn.Module:
@@ -126,7 +135,7 @@ def main(argv: list[str]) -> None:
                         help="keep: malloc keeps freed blocks, as training does (trainer.keep_freed_memory); "
                              "default: glibc's own thresholds")
     args = parser.parse_args(argv)
-    stats_every = args.stats_every or int(OmegaConf.load(CONF / "trainer" / "cpu.yaml").log_every_n_steps)
+    stats_every = args.stats_every or int(job_config().trainer.log_every_n_steps)
     if stats_every < 1:
         raise SystemExit("--stats-every must be >= 1")
     kept = keep_freed_memory() if args.allocator == "keep" else False
